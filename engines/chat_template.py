@@ -1,0 +1,53 @@
+"""Render chat messages with the model's own Jinja template, as transformers does."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import jinja2
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from engines.errors import ModelLoadError
+
+# Used only when a model ships no template at all.
+CHATML_TEMPLATE = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+class ChatTemplateError(ValueError):
+    """The template refused the messages (raise_exception in the template)."""
+
+
+def _raise(message: str):
+    raise ChatTemplateError(message)
+
+
+class ChatTemplate:
+    def __init__(self, source: str | None, bos_token: str | None = None, eos_token: str | None = None):
+        self.source = source or CHATML_TEMPLATE
+        self.bos_token = bos_token or ""
+        self.eos_token = eos_token or ""
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+        env.globals["raise_exception"] = _raise
+        env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+        try:
+            self._template = env.from_string(self.source)
+        except jinja2.TemplateSyntaxError as exc:
+            raise ModelLoadError(f"chat template does not parse (line {exc.lineno}: {exc.message})") from None
+
+    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **extra: Any) -> str:
+        try:
+            return self._template.render(
+                messages=messages,
+                add_generation_prompt=add_generation_prompt,
+                bos_token=self.bos_token,
+                eos_token=self.eos_token,
+                **extra,
+            )
+        except ChatTemplateError:
+            raise
+        except jinja2.TemplateError as exc:
+            raise ChatTemplateError(f"chat template failed: {exc}") from None

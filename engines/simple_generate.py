@@ -1,0 +1,56 @@
+"""Single-sequence generation over a contiguous cache.
+
+The reference path for tests and the CLI until the batching engine serves them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from engines.attention.contiguous import ContiguousAttention
+from engines.model import LlamaForCausalLM
+
+
+@dataclass
+class SimpleSampling:
+    max_tokens: int = 128
+    temperature: float = 0.0
+    seed: int | None = None
+    ignore_eos: bool = False
+
+
+def generate_tokens(
+    model: LlamaForCausalLM,
+    prompt_ids: list[int],
+    sampling: SimpleSampling,
+    eos_ids: frozenset[int] = frozenset(),
+) -> Iterator[int]:
+    """Yield generated token ids one by one (greedy when temperature is 0)."""
+    if not prompt_ids:
+        raise ValueError("prompt must contain at least one token")
+    total = len(prompt_ids) + sampling.max_tokens
+    attn = ContiguousAttention(model.config, total, model.dtype)
+    generator = torch.Generator().manual_seed(sampling.seed) if sampling.seed is not None else None
+    ids = torch.tensor(prompt_ids, dtype=torch.long)
+    start = 0
+    for _ in range(sampling.max_tokens):
+        attn.begin_step(start, ids.numel())
+        positions = torch.arange(start, start + ids.numel())
+        hidden = model(ids, positions, attn)
+        logits = model.compute_logits(hidden[-1:])[0]
+        token = _sample(logits, sampling.temperature, generator)
+        yield token
+        if token in eos_ids and not sampling.ignore_eos:
+            return
+        start += ids.numel()
+        ids = torch.tensor([token], dtype=torch.long)
+
+
+def _sample(logits: torch.Tensor, temperature: float, generator: torch.Generator | None) -> int:
+    if temperature <= 0:
+        return int(logits.argmax())
+    probs = torch.softmax(logits / temperature, dim=-1)
+    return int(torch.multinomial(probs, 1, generator=generator))

@@ -1,0 +1,60 @@
+"""Text <-> token ids for a model, with its special tokens and stop ids."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from tokenizers import Tokenizer
+
+from engines.errors import ModelLoadError
+
+
+class TextTokenizer:
+    def __init__(self, backend: Tokenizer, tokenizer_config: dict[str, Any], eos_token_id=None):
+        self.backend = backend
+        self.config = tokenizer_config
+        self.bos_token = _token_text(tokenizer_config.get("bos_token"))
+        self.eos_token = _token_text(tokenizer_config.get("eos_token"))
+        self.bos_token_id = backend.token_to_id(self.bos_token) if self.bos_token else None
+        self.add_bos = bool(tokenizer_config.get("add_bos_token", False)) and self.bos_token_id is not None
+        eos_ids = set()
+        if self.eos_token and backend.token_to_id(self.eos_token) is not None:
+            eos_ids.add(backend.token_to_id(self.eos_token))
+        if isinstance(eos_token_id, int):
+            eos_ids.add(eos_token_id)
+        elif isinstance(eos_token_id, list):
+            eos_ids.update(eos_token_id)
+        self.eos_token_ids: frozenset[int] = frozenset(eos_ids)
+        self.special_ids: frozenset[int] = frozenset(
+            i for i, tok in backend.get_added_tokens_decoder().items() if tok.special
+        )
+
+    @classmethod
+    def from_file(cls, path: Path, tokenizer_config: dict[str, Any], eos_token_id=None) -> "TextTokenizer":
+        try:
+            backend = Tokenizer.from_file(str(path))
+        except Exception as exc:  # tokenizers raises a bare Exception on malformed JSON
+            raise ModelLoadError(f"{path} is not a valid tokenizer.json ({exc})") from None
+        return cls(backend, tokenizer_config, eos_token_id)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.backend.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of `text`; special-token strings in it (e.g. ChatML tags) map to their ids."""
+        ids = self.backend.encode(text, add_special_tokens=False).ids
+        if add_special_tokens and self.add_bos and (not ids or ids[0] != self.bos_token_id):
+            ids = [self.bos_token_id, *ids]
+        return ids
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self.backend.decode(ids, skip_special_tokens=skip_special_tokens)
+
+
+def _token_text(value) -> str | None:
+    # tokenizer_config.json may hold a plain string or an AddedToken dict.
+    if isinstance(value, dict):
+        return value.get("content")
+    return value

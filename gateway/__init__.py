@@ -1,0 +1,1 @@
+"""The HTTP edge: Starlette app, OpenAI schema and errors, tier clients, CLI."""

@@ -1,0 +1,94 @@
+"""The `tiergate` command line. User errors end with exit 2 and one line, never a traceback."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from engines.errors import ModelLoadError
+from policies.config import ConfigError
+
+DEFAULT_CONFIG = "config/default.yaml"
+
+
+class UsageError(ValueError):
+    """Bad command-line input the user can fix."""
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tiergate", description="LLM gateway with embedded inference engines")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="start the HTTP gateway")
+    serve.add_argument("--config", default=DEFAULT_CONFIG)
+    serve.add_argument("--host")
+    serve.add_argument("--port", type=int)
+
+    gen = sub.add_parser("generate", help="answer one chat-templated prompt")
+    gen.add_argument("prompt")
+    gen.add_argument("--config", default=DEFAULT_CONFIG)
+    gen.add_argument("--tier", help="tier of the config to use (default: the config's default tier)")
+    gen.add_argument("--model", help="override: 'default', a .gguf file or an HF directory")
+    gen.add_argument("--dtype", choices=["float32", "bfloat16"])
+    gen.add_argument("--max-tokens", type=int, default=128)
+    gen.add_argument("--temperature", type=float, default=0.0)
+    gen.add_argument("--seed", type=int)
+
+    check = sub.add_parser("check-config", help="validate a YAML config")
+    check.add_argument("file")
+
+    bench = sub.add_parser("bench", help="benchmarks that write JSON")
+    bench_sub = bench.add_subparsers(dest="bench", required=True)
+    decode = bench_sub.add_parser("decode", help="single-stream decode tokens/s: ours vs transformers")
+    decode.add_argument("--json", required=True, dest="json_out")
+    decode.add_argument("--new-tokens", type=int, default=128)
+    decode.add_argument("--repeats", type=int, default=3)
+    decode.add_argument("--dtypes", default="float32,bfloat16")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return _dispatch(args)
+    except (ModelLoadError, ConfigError, UsageError) as exc:
+        print(f"tiergate: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def _resolve_config(path: str) -> str:
+    """The default config is found from the working directory, else from the source tree."""
+    if path == DEFAULT_CONFIG and not Path(path).is_file():
+        candidate = Path(__file__).resolve().parents[1] / DEFAULT_CONFIG
+        if candidate.is_file():
+            return str(candidate)
+    return path
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    if hasattr(args, "config"):
+        args.config = _resolve_config(args.config)
+    if args.command == "serve":
+        from gateway.commands import serve
+        return serve(args.config, args.host, args.port)
+    if args.command == "generate":
+        from gateway.commands import generate
+        return generate(args)
+    if args.command == "check-config":
+        from gateway.commands import check_config
+        return check_config(args.file)
+    if args.command == "bench" and args.bench == "decode":
+        from gateway.bench.decode import run_decode_bench
+        return run_decode_bench(args.json_out, args.new_tokens, args.repeats, args.dtypes.split(","))
+    raise UsageError(f"unknown command {args.command}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

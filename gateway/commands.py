@@ -1,0 +1,63 @@
+"""Implementations of the CLI's serve, generate and check-config commands."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from engines.loaded_model import load_model
+from engines.simple_generate import SimpleSampling, generate_tokens
+from policies.config import load_config
+
+
+def check_config(path: str) -> int:
+    cfg = load_config(path)
+    print(f"{path}: ok ({len(cfg.tiers)} tiers, default {cfg.default_tier!r})")
+    return 0
+
+
+def generate(args: argparse.Namespace) -> int:
+    from gateway.cli import UsageError
+
+    cfg = load_config(args.config)
+    tier_name = args.tier or cfg.default_tier
+    if tier_name not in cfg.tiers:
+        raise UsageError(f"no tier {tier_name!r} in {args.config}; tiers: {sorted(cfg.tiers)}")
+    if args.max_tokens < 1:
+        raise UsageError("--max-tokens must be at least 1")
+    if args.temperature < 0:
+        raise UsageError("--temperature must be >= 0")
+    tier = cfg.tiers[tier_name]
+    loaded = load_model(args.model or tier.model, args.dtype or tier.dtype)
+    prompt_ids = loaded.tokenizer.encode(loaded.chat_template.render([{"role": "user", "content": args.prompt}]))
+    sampling = SimpleSampling(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
+    eos = loaded.tokenizer.eos_token_ids
+    out: list[int] = []
+    printed = ""
+    for token in generate_tokens(loaded.model, prompt_ids, sampling, eos):
+        if token in eos:
+            break
+        out.append(token)
+        text = loaded.tokenizer.decode(out)
+        # Print only whole characters: a byte-level token may end inside a UTF-8 sequence.
+        if not text.endswith("\ufffd"):
+            sys.stdout.write(text[len(printed):])
+            sys.stdout.flush()
+            printed = text
+    sys.stdout.write(loaded.tokenizer.decode(out)[len(printed):] + "\n")
+    return 0
+
+
+def serve(config_path: str, host: str | None, port: int | None) -> int:
+    import uvicorn
+
+    from gateway.minimal_app import build_app
+
+    cfg = load_config(config_path)
+    tier_name = cfg.default_tier
+    tier = cfg.tiers[tier_name]
+    loaded = load_model(tier.model, tier.dtype)
+    app = build_app(loaded, tier.served_name or tier_name, tier.max_model_len)
+    uvicorn.run(app, host=host or cfg.server.host, port=port if port is not None else cfg.server.port,
+                log_level="info")
+    return 0

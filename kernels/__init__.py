@@ -1,0 +1,1 @@
+"""Triton kernels, their torch reference ops, and the dispatch between them."""

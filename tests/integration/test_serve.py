@@ -1,0 +1,69 @@
+"""`tiergate serve` over real HTTP, spoken to with the official openai client."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import openai
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    cfg = tmp_path_factory.mktemp("cfg") / "c.yaml"
+    cfg.write_text("tiers:\n  small:\n    model: default\n    served_name: smol\n    dtype: float32\n"
+                   "    max_model_len: 512\n")
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", "--config", str(cfg), "--port", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"server exited: {proc.stderr.read()}")
+        try:
+            if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.3)
+    else:
+        proc.kill()
+        pytest.fail("server did not become healthy in 120 s")
+    yield base
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+def test_chat_completion_with_openai_client(server):
+    client = openai.OpenAI(base_url=f"{server}/v1", api_key="unused")
+    resp = client.chat.completions.create(
+        model="smol", messages=[{"role": "user", "content": "What is the capital of France?"}],
+        temperature=0, max_tokens=24)
+    assert "Paris" in resp.choices[0].message.content
+    assert resp.choices[0].finish_reason == "stop"
+    assert resp.usage.prompt_tokens > 10 and 0 < resp.usage.completion_tokens <= 24
+    assert [m.id for m in client.models.list().data] == ["smol"]
+
+
+def test_errors_use_openai_format(server):
+    client = openai.OpenAI(base_url=f"{server}/v1", api_key="unused", max_retries=0)
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model="smol", messages=[], max_tokens=4)
+    assert info.value.body["param"] == "messages"
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model="smol", messages=[{"role": "user", "content": "hi"}], max_tokens=10_000)
+    assert info.value.body["code"] == "context_length_exceeded"
+    raw = httpx.post(f"{server}/v1/chat/completions", content=b"{not json", timeout=10)
+    assert raw.status_code == 400 and set(raw.json()["error"]) == {"message", "type", "param", "code"}
