@@ -1,0 +1,56 @@
+"""Incremental detokenization with stop strings.
+
+Byte-level tokens can end inside a UTF-8 character, so text is produced only once it
+decodes cleanly. Text that might be the start of a stop string is held back from the
+stream until it is known not to be one.
+"""
+
+from __future__ import annotations
+
+from engines.tokenizer import TextTokenizer
+
+class IncrementalDetokenizer:
+    def __init__(self, tokenizer: TextTokenizer, stop: list[str], include_stop: bool = False):
+        self.tokenizer = tokenizer
+        self.stop = stop
+        self.include_stop = include_stop
+        self._hold = max((len(s) for s in stop), default=1) - 1
+        self._ids: list[int] = []
+        self._prefix_offset = 0
+        self._read_offset = 0
+        self.text = ""
+        self._emitted = 0
+        self.stopped = False
+
+    def push(self, token_id: int) -> bool:
+        """Add a token; return True when a stop string completed (text is cut there)."""
+        self._ids.append(token_id)
+        decode = self.tokenizer.decode
+        before = decode(self._ids[self._prefix_offset:self._read_offset])
+        now = decode(self._ids[self._prefix_offset:])
+        if len(now) <= len(before) or now.endswith("\ufffd"):
+            return False
+        searched_from = max(0, len(self.text) - self._hold)
+        self.text += now[len(before):]
+        # The window slides: the tokens just rendered become the context for the next ones.
+        self._prefix_offset = self._read_offset
+        self._read_offset = len(self._ids)
+        return self._check_stop(searched_from)
+
+    def _check_stop(self, start: int) -> bool:
+        if not self.stop:
+            return False
+        found = [(i, s) for s in self.stop if (i := self.text.find(s, start)) >= 0]
+        if not found:
+            return False
+        index, stop = min(found)
+        self.text = self.text[: index + len(stop) if self.include_stop else index]
+        self.stopped = True
+        return True
+
+    def take_delta(self, final: bool) -> str:
+        """New text safe to send: everything when final, else all but a possible stop prefix."""
+        end = len(self.text) if (final or self.stopped) else max(self._emitted, len(self.text) - self._hold)
+        delta = self.text[self._emitted:end]
+        self._emitted = end
+        return delta

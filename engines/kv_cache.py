@@ -1,0 +1,40 @@
+"""The paged KV pool: one preallocated K and V buffer per layer, addressed by slot.
+
+Slot s holds the token at offset s % block_size of block s // block_size. The layout
+[layers, blocks, block_size, kv_heads, head_dim] lets a sequence's blocks be gathered
+as whole contiguous chunks.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from engines.model_config import ModelConfig
+
+
+class KVPool:
+    def __init__(self, cfg: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype,
+                 device: torch.device | str = "cpu"):
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.dtype = dtype
+        shape = (cfg.num_hidden_layers, num_blocks, block_size, cfg.num_key_value_heads, cfg.head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+
+    @property
+    def capacity_tokens(self) -> int:
+        return self.num_blocks * self.block_size
+
+    @property
+    def nbytes(self) -> int:
+        return self.k.nbytes + self.v.nbytes
+
+    @staticmethod
+    def bytes_per_block(cfg: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
+        elem = torch.empty((), dtype=dtype).element_size()
+        return 2 * cfg.num_hidden_layers * block_size * cfg.num_key_value_heads * cfg.head_dim * elem
+
+    @classmethod
+    def blocks_for_budget(cls, cfg: ModelConfig, memory_bytes: int, block_size: int, dtype: torch.dtype) -> int:
+        return memory_bytes // cls.bytes_per_block(cfg, block_size, dtype)

@@ -1,0 +1,192 @@
+"""The synchronous engine: accept requests, run steps, emit per-request deltas.
+
+One step = schedule -> run the model on the flat batch -> sample -> detokenize -> finish.
+The async wrapper (engines/async_engine.py) drives it from a background thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+from engines.block_manager import BlockManager
+from engines.detokenizer import IncrementalDetokenizer
+from engines.engine_config import EngineConfig
+from engines.kv_cache import KVPool
+from engines.loaded_model import LoadedModel, parse_dtype
+from engines.model_runner import ModelRunner
+from engines.sampler import Sampler, TokenLogprob
+from engines.sampling_params import InvalidRequestError, SamplingParams
+from engines.scheduler import Scheduler
+from engines.sequence import Sequence
+from engines.stats import EngineStats
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    token_ids: list[int]            # tokens new in this delta
+    text: str                       # text new in this delta
+    logprobs: list[TokenLogprob] | None
+    finished: bool
+    finish_reason: str | None       # "stop" | "length" | "abort"
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+
+
+@dataclass
+class _Request:
+    seq: Sequence
+    detok: IncrementalDetokenizer
+    stop_ids: frozenset[int]
+
+
+class LLMEngine:
+    def __init__(self, loaded: LoadedModel, config: EngineConfig | None = None, identity: str | None = None):
+        self.loaded = loaded
+        self.config = config = config or EngineConfig()
+        cfg = loaded.config
+        self.max_model_len = min(config.max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings)
+        kv_dtype = parse_dtype(config.kv_cache_dtype) if config.kv_cache_dtype else loaded.dtype
+        num_blocks = KVPool.blocks_for_budget(cfg, config.kv_cache_memory_bytes, config.block_size, kv_dtype)
+        if num_blocks < 2:
+            raise ValueError(f"kv_cache_memory_bytes={config.kv_cache_memory_bytes} holds fewer than 2 blocks")
+        self.pool = KVPool(cfg, num_blocks, config.block_size, kv_dtype)
+        self.identity = identity or f"{loaded.path.name}|w={loaded.dtype}|kv={kv_dtype}"
+        self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching, self.identity)
+        self.headroom_blocks = max(1, int(num_blocks * config.headroom_fraction))
+        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
+                                   self.headroom_blocks)
+        self.runner = ModelRunner(loaded.model, self.pool)
+        self.sampler = Sampler(config.seed)
+        self.tokenizer = loaded.tokenizer
+        self._requests: dict[str, _Request] = {}
+        self.stats = EngineStats(kv_blocks_total=num_blocks, kv_capacity_tokens=self.pool.capacity_tokens)
+        log.info("KV cache: %d blocks x %d tokens = %d tokens (%.0f MiB, %s)", num_blocks, config.block_size,
+                    self.pool.capacity_tokens, self.pool.nbytes / 2**20, kv_dtype)
+
+    # ---- requests ------------------------------------------------------------------
+    def add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
+                    prefix_scope: str | None = None, priority: int = 0) -> None:
+        if request_id in self._requests:
+            raise InvalidRequestError(f"request id {request_id!r} is already in flight")
+        self.check_request(prompt_ids, params)
+        seq = Sequence(request_id, list(prompt_ids), params, prefix_scope=prefix_scope, priority=priority)
+        stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.tokenizer.eos_token_ids)
+        detok = IncrementalDetokenizer(self.tokenizer, params.stop, params.include_stop_str_in_output)
+        self._requests[request_id] = _Request(seq, detok, stop_ids)
+        self.scheduler.add(seq)
+
+    def check_request(self, prompt_ids: list[int], params: SamplingParams) -> None:
+        """Checks that need no engine state: safe to call from any thread."""
+        params.validate()
+        if not prompt_ids:
+            raise InvalidRequestError("the prompt is empty", "prompt")
+        vocab = self.loaded.config.vocab_size
+        if min(prompt_ids) < 0 or max(prompt_ids) >= vocab:
+            raise InvalidRequestError(f"prompt token ids must lie in [0, {vocab})", "prompt")
+        total = len(prompt_ids) + params.max_tokens
+        if total > self.max_model_len:
+            raise InvalidRequestError(
+                f"prompt ({len(prompt_ids)} tokens) plus max_tokens ({params.max_tokens}) exceeds the "
+                f"context length {self.max_model_len}", "max_tokens")
+        if self.block_manager.blocks_needed(total) > self.block_manager.num_blocks - self.headroom_blocks:
+            raise InvalidRequestError(
+                f"prompt plus max_tokens ({total} tokens) exceeds this tier's KV cache capacity", "max_tokens")
+
+    def abort_request(self, request_id: str) -> RequestOutput | None:
+        req = self._requests.pop(request_id, None)
+        if req is None:
+            return None
+        self.scheduler.remove(req.seq)
+        req.seq.finish_reason = "abort"
+        return self._output(req, [], None, finished=True)
+
+    def has_unfinished(self) -> bool:
+        return bool(self._requests)
+
+    @property
+    def num_requests(self) -> int:
+        return len(self._requests)
+
+    # ---- the step ------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        started = time.perf_counter()
+        plan = self.scheduler.schedule()
+        if plan.is_empty:
+            return []
+        sampling, logits = self.runner.execute(plan.scheduled)
+        for s in plan.scheduled:
+            s.seq.num_computed_tokens += s.num_tokens
+            self.block_manager.register_computed(s.seq)
+            if not s.samples:
+                self.stats.prompt_tokens_computed += s.num_tokens
+            else:
+                self.stats.prompt_tokens_computed += s.num_tokens - 1
+        outputs = []
+        if sampling:
+            result = self.sampler(logits, [s.seq for s in sampling])
+            now = time.monotonic()
+            for s, token, lp in zip(sampling, result.token_ids, result.logprobs):
+                outputs.append(self._append_token(self._requests[s.seq.request_id], token, lp, now))
+        self._update_stats(plan, time.perf_counter() - started)
+        return outputs
+
+    def _append_token(self, req: _Request, token: int, lp: TokenLogprob | None, now: float) -> RequestOutput:
+        seq = req.seq
+        seq.output_ids.append(token)
+        if seq.first_token_time is None:
+            seq.first_token_time = now
+        self.stats.generated_tokens += 1
+        reason = None
+        if token in req.stop_ids:
+            reason = "stop"
+        elif req.detok.push(token):
+            reason = "stop"
+        elif len(seq.output_ids) >= seq.params.max_tokens or seq.num_tokens >= self.max_model_len:
+            reason = "length"
+        if reason:
+            seq.finish_reason = reason
+            self.scheduler.remove(seq)
+            del self._requests[seq.request_id]
+        return self._output(req, [token], [lp] if lp else None, finished=reason is not None)
+
+    def _output(self, req: _Request, tokens: list[int], lps, finished: bool) -> RequestOutput:
+        seq = req.seq
+        return RequestOutput(
+            request_id=seq.request_id, token_ids=tokens, text=req.detok.take_delta(finished), logprobs=lps,
+            finished=finished, finish_reason=seq.finish_reason if finished else None,
+            prompt_tokens=len(seq.prompt_ids), completion_tokens=len(seq.output_ids),
+            cached_tokens=seq.num_cached_prompt_tokens)
+
+    def _update_stats(self, plan, elapsed: float) -> None:
+        st, bm = self.stats, self.block_manager
+        st.steps += 1
+        st.last_step_ms = elapsed * 1000
+        st.total_step_s += elapsed
+        st.preemptions = self.scheduler.num_preemptions
+        st.kv_blocks_used = bm.num_used_blocks
+        st.prefix_queried_tokens = bm.prefix_queried_tokens
+        st.prefix_hit_tokens = bm.prefix_hit_tokens
+        st.queue_depth = self.scheduler.num_waiting
+        st.running = len(self.scheduler.running)
+        running = self.scheduler.running
+        st.kv_wasted_slot_steps += sum(len(s.block_table) * bm.block_size - s.num_tokens for s in running)
+        st.kv_allocated_slot_steps += sum(len(s.block_table) for s in running) * bm.block_size
+
+    # ---- convenience ---------------------------------------------------------------
+    def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]) -> list[list[int]]:
+        """Run prompts to completion; return each one's generated token ids (offline use)."""
+        plist = params if isinstance(params, list) else [params] * len(prompts)
+        ids = [f"gen-{time.monotonic_ns()}-{i}" for i in range(len(prompts))]
+        results: dict[str, list[int]] = {i: [] for i in ids}
+        for rid, prompt, p in zip(ids, prompts, plist):
+            self.add_request(rid, prompt, p)
+        while self.has_unfinished():
+            for out in self.step():
+                results[out.request_id].extend(out.token_ids)
+        return [results[i] for i in ids]

@@ -1,0 +1,131 @@
+"""Iteration-level scheduling: which sequences compute how many tokens in the next step.
+
+One token budget covers prefill chunks and decode tokens alike. Running sequences are
+served first (oldest first); when a running sequence needs a block and none is free, the
+newest (lowest-priority) sequence is preempted and will be recomputed. Waiting sequences
+are admitted by (priority, arrival) only in steps without preemption, and only if their
+blocks fit with headroom to spare.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import deque
+from dataclasses import dataclass, field
+
+from engines.block_manager import BlockManager
+from engines.sequence import Sequence, SeqStatus
+
+
+@dataclass
+class ScheduledSeq:
+    seq: Sequence
+    start: int          # first position computed this step
+    num_tokens: int
+
+    @property
+    def samples(self) -> bool:
+        return self.start + self.num_tokens == self.seq.num_tokens
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[ScheduledSeq] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_tokens for s in self.scheduled)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+class Scheduler:
+    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
+                 headroom_blocks: int = 1):
+        self.bm = block_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.headroom_blocks = headroom_blocks
+        self.running: list[Sequence] = []
+        self._waiting: list[tuple[int, float, int, Sequence]] = []
+        self._counter = itertools.count()
+        self.num_preemptions = 0
+
+    # ---- queue -------------------------------------------------------------------
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def waiting(self) -> list[Sequence]:
+        return [entry[-1] for entry in sorted(self._waiting)]
+
+    def add(self, seq: Sequence) -> None:
+        seq.status = SeqStatus.WAITING
+        heapq.heappush(self._waiting, (seq.priority, seq.arrival, next(self._counter), seq))
+
+    def has_work(self) -> bool:
+        return bool(self.running or self._waiting)
+
+    def remove(self, seq: Sequence) -> None:
+        """Take a sequence out (finished or aborted) and free its blocks at once."""
+        if seq.status is SeqStatus.RUNNING:
+            self.running.remove(seq)
+        elif seq.status is SeqStatus.WAITING:
+            self._waiting = [e for e in self._waiting if e[-1] is not seq]
+            heapq.heapify(self._waiting)
+        self.bm.free(seq)
+        seq.status = SeqStatus.FINISHED
+
+    # ---- the step plan -------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.max_num_batched_tokens
+        queue = deque(self.running)
+        kept: list[Sequence] = []
+        while queue:
+            seq = queue.popleft()
+            n = min(seq.num_uncomputed, budget)
+            if n == 0:
+                kept.append(seq)
+                continue
+            while not self.bm.try_grow(seq, seq.num_computed_tokens + n):
+                victim = max([*queue, seq], key=Sequence.sort_key)
+                if victim is not seq:
+                    queue.remove(victim)
+                self._preempt(victim)
+                out.preempted.append(victim)
+                if victim is seq:
+                    break
+            else:
+                out.scheduled.append(ScheduledSeq(seq, seq.num_computed_tokens, n))
+                budget -= n
+                kept.append(seq)
+        self.running = kept
+        if not out.preempted:
+            budget = self._admit(out, budget)
+        return out
+
+    def _admit(self, out: SchedulerOutput, budget: int) -> int:
+        while self._waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self._waiting[0][-1]
+            if not self.bm.try_admit(seq, self.headroom_blocks):
+                break  # first come, first served: no overtaking of the head of the queue
+            heapq.heappop(self._waiting)
+            seq.status = SeqStatus.RUNNING
+            self.running.append(seq)
+            n = min(seq.num_uncomputed, budget)
+            out.scheduled.append(ScheduledSeq(seq, seq.num_computed_tokens, n))
+            budget -= n
+        return budget
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.bm.free(seq)
+        seq.num_computed_tokens = 0
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.add(seq)

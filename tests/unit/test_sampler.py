@@ -1,0 +1,96 @@
+"""Batched sampling against direct computations on crafted logits."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engines.sampler import Sampler
+from engines.sampling_params import InvalidRequestError, SamplingParams
+from engines.sequence import Sequence
+
+V = 50
+
+
+def _seqs(*params: SamplingParams) -> list[Sequence]:
+    return [Sequence(str(i), [1], p) for i, p in enumerate(params)]
+
+
+def _logits(rows: int, seed: int = 0) -> torch.Tensor:
+    return torch.randn(rows, V, generator=torch.Generator().manual_seed(seed)) * 3
+
+
+def test_greedy_is_argmax_and_restrictive_filters_reduce_to_greedy():
+    logits = _logits(4)
+    seqs = _seqs(SamplingParams(temperature=0), SamplingParams(temperature=1.0, top_k=1),
+                 SamplingParams(temperature=1.5, top_p=1e-6), SamplingParams(temperature=1.0, min_p=1.0))
+    out = Sampler(seed=0)(logits, seqs)
+    assert out.token_ids == logits.argmax(-1).tolist()
+
+
+def test_top_k_never_leaves_the_k_best():
+    logits = _logits(1, seed=3)
+    allowed = set(logits[0].topk(3).indices.tolist())
+    sampler = Sampler(seed=1)
+    picks = {sampler(logits, _seqs(SamplingParams(temperature=2.0, top_k=3))).token_ids[0] for _ in range(200)}
+    assert picks <= allowed and len(picks) > 1
+
+
+def test_top_p_keeps_the_smallest_nucleus():
+    probs = torch.tensor([[0.5, 0.3, 0.15, 0.05] + [0.0] * (V - 4)])
+    logits = torch.log(probs.clamp_min(1e-12))
+    sampler = Sampler(seed=2)
+    picks = {sampler(logits, _seqs(SamplingParams(temperature=1.0, top_p=0.75))).token_ids[0] for _ in range(300)}
+    assert picks == {0, 1}
+
+
+def test_sampling_follows_the_distribution():
+    probs = torch.tensor([[0.7, 0.2, 0.1] + [0.0] * (V - 3)])
+    logits = torch.log(probs.clamp_min(1e-12))
+    sampler = Sampler(seed=5)
+    draws = [sampler(logits, _seqs(SamplingParams(temperature=1.0))).token_ids[0] for _ in range(3000)]
+    freq = torch.bincount(torch.tensor(draws), minlength=3)[:3].float() / len(draws)
+    assert torch.allclose(freq, probs[0, :3], atol=0.03)
+
+
+def test_seeded_request_is_reproducible_whatever_the_batch():
+    logits = _logits(3, seed=7)
+    alone = [Sampler()(logits[1:2], _seqs(SamplingParams(temperature=1.0, seed=42))).token_ids[0] for _ in range(2)]
+    mixed = Sampler(seed=99)(logits, [
+        Sequence("a", [1], SamplingParams(temperature=1.0)),
+        Sequence("b", [1], SamplingParams(temperature=1.0, seed=42)),
+        Sequence("c", [1], SamplingParams(temperature=0.7)),
+    ]).token_ids[1]
+    assert alone[0] == alone[1] == mixed
+
+
+def test_penalties_push_repeated_tokens_down():
+    logits = torch.zeros(1, V)
+    logits[0, 5] = 1.0
+    logits[0, 6] = 0.9
+    seq = Sequence("a", [1], SamplingParams(temperature=0, frequency_penalty=0.2), output_ids=[5])
+    assert Sampler()(logits, [seq]).token_ids == [6]
+    seq = Sequence("b", [1], SamplingParams(temperature=0, presence_penalty=0.05), output_ids=[5, 5, 5])
+    assert Sampler()(logits, [seq]).token_ids == [5]  # presence counts once: 1.0 - 0.05 > 0.9
+
+
+def test_logprobs_are_the_model_distribution():
+    logits = _logits(2, seed=11)
+    out = Sampler()(logits, _seqs(SamplingParams(temperature=0, logprobs=True, top_logprobs=3),
+                                  SamplingParams(temperature=0)))
+    expected = torch.log_softmax(logits[0], -1)
+    lp = out.logprobs[0]
+    assert lp.token_id == out.token_ids[0]
+    assert lp.logprob == pytest.approx(expected.max().item(), abs=1e-5)
+    assert [t for t, _ in lp.top] == expected.topk(3).indices.tolist()
+    assert out.logprobs[1] is None
+
+
+@pytest.mark.parametrize("kwargs,param", [
+    ({"max_tokens": 0}, "max_tokens"), ({"temperature": 3.0}, "temperature"), ({"top_p": 0.0}, "top_p"),
+    ({"top_k": -1}, "top_k"), ({"stop": ["a"] * 5}, "stop"), ({"top_logprobs": 2}, "top_logprobs"),
+])
+def test_invalid_params_name_the_field(kwargs, param):
+    with pytest.raises(InvalidRequestError) as info:
+        SamplingParams(**kwargs).validate()
+    assert info.value.param == param
