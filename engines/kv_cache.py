@@ -1,8 +1,8 @@
 """The paged KV pool: one preallocated K and V buffer per layer, addressed by slot.
 
-Slot s holds the token at offset s % block_size of block s // block_size. The layout
-[layers, blocks, block_size, kv_heads, head_dim] lets a sequence's blocks be gathered
-as whole contiguous chunks.
+Slot s holds the token at offset s % block_size of block s // block_size. The layout is
+head-major, [layers, kv_heads, blocks, block_size, head_dim]: gathering a sequence's blocks
+yields, per KV head, a contiguous [tokens, head_dim] matrix that matmul reads directly.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ class KVPool:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.dtype = dtype
-        shape = (cfg.num_hidden_layers, num_blocks, block_size, cfg.num_key_value_heads, cfg.head_dim)
+        shape = (cfg.num_hidden_layers, cfg.num_key_value_heads, num_blocks, block_size, cfg.head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
 

@@ -10,6 +10,7 @@ import logging
 import time
 from dataclasses import dataclass
 
+from engines.allocator import keep_freed_memory
 from engines.block_manager import BlockManager
 from engines.detokenizer import IncrementalDetokenizer
 from engines.engine_config import EngineConfig
@@ -49,6 +50,7 @@ class LLMEngine:
     def __init__(self, loaded: LoadedModel, config: EngineConfig | None = None, identity: str | None = None):
         self.loaded = loaded
         self.config = config = config or EngineConfig()
+        keep_freed_memory()
         cfg = loaded.config
         self.max_model_len = min(config.max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings)
         kv_dtype = parse_dtype(config.kv_cache_dtype) if config.kv_cache_dtype else loaded.dtype

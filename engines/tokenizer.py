@@ -38,6 +38,10 @@ class TextTokenizer:
             raise ModelLoadError(f"{path} is not a valid tokenizer.json ({exc})") from None
         return cls(backend, tokenizer_config, eos_token_id)
 
+    def eos_token_id_or(self, default: int) -> int:
+        """One EOS id (e.g. to pad with), or `default` when the model names none."""
+        return min(self.eos_token_ids) if self.eos_token_ids else default
+
     @property
     def vocab_size(self) -> int:
         return self.backend.get_vocab_size(with_added_tokens=True)

@@ -47,6 +47,19 @@ def _build_parser() -> argparse.ArgumentParser:
     decode.add_argument("--new-tokens", type=int, default=128)
     decode.add_argument("--repeats", type=int, default=3)
     decode.add_argument("--dtypes", default="float32,bfloat16")
+    offline = bench_sub.add_parser("offline", help="engine throughput vs transformers static batching")
+    offline.add_argument("--json", required=True, dest="json_out")
+    offline.add_argument("--num-requests", type=int, default=128)
+    offline.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
+    offline.add_argument("--hf-batch-sizes", default="8,16")
+    offline.add_argument("--max-num-seqs", type=int, default=128)
+    offline.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    offline.add_argument("--kv-cache-mib", type=int, default=2048)
+    prefix = bench_sub.add_parser("prefix", help="time to first token, cold vs warm prefix cache")
+    prefix.add_argument("--json", required=True, dest="json_out")
+    prefix.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
+    prefix.add_argument("--system-tokens", type=int, default=2000)
+    prefix.add_argument("--repeats", type=int, default=8)
     return parser
 
 
@@ -87,6 +100,14 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "bench" and args.bench == "decode":
         from gateway.bench.decode import run_decode_bench
         return run_decode_bench(args.json_out, args.new_tokens, args.repeats, args.dtypes.split(","))
+    if args.command == "bench" and args.bench == "offline":
+        from gateway.bench.offline import run_offline_bench
+        sizes = [int(x) for x in args.hf_batch_sizes.split(",") if x]
+        return run_offline_bench(args.json_out, args.num_requests, args.dtype, sizes, args.max_num_seqs,
+                                 args.max_num_batched_tokens, args.kv_cache_mib)
+    if args.command == "bench" and args.bench == "prefix":
+        from gateway.bench.prefix import run_prefix_bench
+        return run_prefix_bench(args.json_out, args.dtype, args.system_tokens, args.repeats)
     raise UsageError(f"unknown command {args.command}")
 
 

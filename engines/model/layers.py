@@ -8,15 +8,16 @@ from torch import nn
 
 
 class RMSNorm(nn.Module):
+    """Computed in fp32 whatever the model dtype: torch's fused fp32 kernel is both more
+    accurate and several times faster on CPU than its bf16 path. The weight stays fp32."""
+
     def __init__(self, size: int, eps: float, dtype: torch.dtype):
         super().__init__()
         self.eps = eps
-        self.weight = nn.Parameter(torch.ones(size, dtype=dtype), requires_grad=False)
+        self.weight = nn.Parameter(torch.ones(size, dtype=torch.float32), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalise in fp32 as the reference does, then cast back before the scale.
-        normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
-        return normed * self.weight
+        return F.rms_norm(x.float(), (x.shape[-1],), self.weight, self.eps).to(x.dtype)
 
 
 class Linear(nn.Module):

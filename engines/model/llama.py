@@ -28,11 +28,11 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, rope: RotaryEmbedding, attn: AttentionBackend):
         t = x.shape[0]
-        q, k, v = self.qkv_proj(x).split((self.q_size, self.kv_size, self.kv_size), dim=-1)
-        q = q.view(t, self.n_heads, self.head_dim)
-        k = k.view(t, self.n_kv, self.head_dim)
-        v = v.view(t, self.n_kv, self.head_dim)
-        q, k = rope(positions, q, k)
+        qkv = self.qkv_proj(x)
+        # Q and K are adjacent columns: rotate them in one pass.
+        qk = rope(positions, qkv[:, : self.q_size + self.kv_size].view(t, self.n_heads + self.n_kv, self.head_dim))
+        q, k = qk[:, : self.n_heads], qk[:, self.n_heads:]
+        v = qkv[:, self.q_size + self.kv_size:].view(t, self.n_kv, self.head_dim)
         out = attn.forward(self.layer, q, k, v)
         return self.o_proj(out.reshape(t, self.q_size))
 

@@ -40,18 +40,13 @@ class RotaryEmbedding(nn.Module):
         inv_freq = inverse_frequencies(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
         positions = torch.arange(cfg.max_position_embeddings, dtype=torch.float32)
         freqs = torch.outer(positions, inv_freq)
-        emb = torch.cat((freqs, freqs), dim=-1)
-        self.register_buffer("cos", emb.cos().to(dtype), persistent=False)
-        self.register_buffer("sin", emb.sin().to(dtype), persistent=False)
+        # rotate_half(x) = cat(-x2, x1) = roll(x, D/2) * [-1.., +1..]: the sign goes into sin.
+        self.register_buffer("cos", torch.cat((freqs, freqs), dim=-1).cos().to(dtype), persistent=False)
+        self.register_buffer("sin", torch.cat((-freqs.sin(), freqs.sin()), dim=-1).to(dtype), persistent=False)
         self.max_positions = cfg.max_position_embeddings
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """q: [T, Hq, D], k: [T, Hkv, D], positions: [T]."""
+    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """x: [T, H, D] (query and key heads together), positions: [T]."""
         cos = self.cos[positions].unsqueeze(1)
         sin = self.sin[positions].unsqueeze(1)
-        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+        return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin

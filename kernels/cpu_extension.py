@@ -1,0 +1,51 @@
+"""Build (once, cached on disk) and load the C++ CPU kernels in kernels/cpu/.
+
+Compiling needs a C++ compiler; without one the callers fall back to torch reference ops.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import time
+from pathlib import Path
+from types import ModuleType
+
+log = logging.getLogger(__name__)
+
+_SOURCES = ("paged_attention.cpp",)
+_FUNCTIONS = ("paged_decode_attention",)
+
+
+def _build_dir() -> Path:
+    root = os.environ.get("TIERGATE_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "tiergate"
+    path = Path(root) / "torch_extensions"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@functools.cache  # memo of one immutable compiled module per process
+def load_cpu_kernels() -> ModuleType | None:
+    if os.environ.get("TIERGATE_CPU_KERNELS", "1") == "0":
+        return None
+    from torch.utils.cpp_extension import load_inline
+
+    here = Path(__file__).parent / "cpu"
+    source = "\n".join((here / name).read_text() for name in _SOURCES)
+    started = time.perf_counter()
+    try:
+        module = load_inline(
+            name="tiergate_cpu_kernels",
+            cpp_sources=[source],
+            functions=list(_FUNCTIONS),
+            extra_cflags=["-O3", "-march=native", "-fopenmp", "-ffast-math"],
+            extra_ldflags=["-fopenmp"],
+            build_directory=str(_build_dir()),
+            verbose=False,
+        )
+    except Exception as exc:  # no compiler, missing headers: fall back to torch ops
+        log.warning("CPU kernels unavailable, using torch reference ops (%s)", str(exc).splitlines()[0][:200])
+        return None
+    log.info("CPU kernels ready in %.1fs", time.perf_counter() - started)
+    return module

@@ -1,0 +1,23 @@
+"""Pick the implementation of each op for the device: Triton on CUDA (kernels issue),
+the C++ CPU kernels where they compiled, else the torch reference."""
+
+from __future__ import annotations
+
+import torch
+
+from kernels.cpu_extension import load_cpu_kernels
+from kernels.reference import paged_decode_attention_ref
+
+
+class AttentionOps:
+    """The decode-attention op chosen once for a device."""
+
+    def __init__(self, device: torch.device | str = "cpu", prefer_native: bool = True):
+        device = torch.device(device)
+        self.native = load_cpu_kernels() if (prefer_native and device.type == "cpu") else None
+        self.name = "cpu-cpp" if self.native is not None else "torch-reference"
+
+    def paged_decode(self, q, k_pool, v_pool, block_tables, context_lens, scale: float) -> torch.Tensor:
+        if self.native is not None:
+            return self.native.paged_decode_attention(q, k_pool, v_pool, block_tables, context_lens, scale)
+        return paged_decode_attention_ref(q, k_pool, v_pool, block_tables, context_lens, scale)
