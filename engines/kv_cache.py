@@ -1,8 +1,11 @@
 """The paged KV pool: one preallocated K and V buffer per layer, addressed by slot.
 
-Slot s holds the token at offset s % block_size of block s // block_size. The layout is
-head-major, [layers, kv_heads, blocks, block_size, head_dim]: gathering a sequence's blocks
-yields, per KV head, a contiguous [tokens, head_dim] matrix that matmul reads directly.
+Slot s holds the token at offset s % block_size of block s // block_size. Both are
+head-major; K stores each block transposed, V does not (see kernels/reference.py):
+  K: [layers, kv_heads, blocks, head_dim, block_size]
+  V: [layers, kv_heads, blocks, block_size, head_dim]
+so the decode kernel computes a block's scores and its weighted sum of values with
+contiguous, vectorizable loops.
 """
 
 from __future__ import annotations
@@ -18,9 +21,9 @@ class KVPool:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.dtype = dtype
-        shape = (cfg.num_hidden_layers, cfg.num_key_value_heads, num_blocks, block_size, cfg.head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        layers, heads, d = cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim
+        self.k = torch.zeros((layers, heads, num_blocks, d, block_size), dtype=dtype, device=device)
+        self.v = torch.zeros((layers, heads, num_blocks, block_size, d), dtype=dtype, device=device)
 
     @property
     def capacity_tokens(self) -> int:

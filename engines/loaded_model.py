@@ -76,5 +76,6 @@ def load_model(
     model = LlamaForCausalLM(ckpt.config, torch_dtype)
     load_hf_state_dict(model, ckpt.load_tensors())
     model.eval()
+    model.pack_weights()
     log.info("loaded %s (%s) in %.1fs", ckpt.path.name, torch_dtype, time.perf_counter() - started)
     return LoadedModel(str(source or "default"), ckpt.path, ckpt.config, model, tokenizer, template)

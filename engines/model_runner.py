@@ -19,40 +19,28 @@ class ModelRunner:
 
     def execute(self, scheduled: list[ScheduledSeq]) -> tuple[list[ScheduledSeq], torch.Tensor]:
         """Run one step. Returns the scheduled entries that sample, and their logits [N, V]."""
-        bs = self.block_size
-        decodes = [s for s in scheduled if s.num_tokens == 1]
-        prefills = [s for s in scheduled if s.num_tokens > 1]
         ids: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        for s in decodes:
-            seq, p = s.seq, s.start
-            ids.append(seq.output_ids[-1] if p >= len(seq.prompt_ids) else seq.prompt_ids[p])
-            positions.append(p)
-            slots.append(seq.block_table[p // bs] * bs + p % bs)
-        for s in prefills:
-            seq, start, end = s.seq, s.start, s.start + s.num_tokens
-            ids.extend(seq.all_token_ids[start:end])
-            positions.extend(range(start, end))
-            table = seq.block_table
-            slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
-        meta = build_step_metadata(
-            bs,
-            [(s.seq.block_table, s.start + 1) for s in decodes],
-            [(s.seq.block_table, s.start, s.num_tokens) for s in prefills],
-            torch.tensor(slots, dtype=torch.long),
-        )
-        self.attn.prepare(meta)
-        ordered = decodes + prefills
         sample_rows: list[int] = []
         sampling: list[ScheduledSeq] = []
-        row = 0
-        for s in ordered:
-            row += s.num_tokens
+        for s in scheduled:
+            seq, start, end = s.seq, s.start, s.start + s.num_tokens
+            if s.num_tokens == 1 and start >= len(seq.prompt_ids):
+                ids.append(seq.output_ids[start - len(seq.prompt_ids)])   # a decode: no list concat
+            else:
+                ids.extend(seq.all_token_ids[start:end])
             if s.samples:
-                sample_rows.append(row - 1)
+                sample_rows.append(len(ids) - 1)
                 sampling.append(s)
-        hidden = self.model(torch.tensor(ids, dtype=torch.long), torch.tensor(positions, dtype=torch.long), self.attn)
+        self.attn.prepare(build_step_metadata(
+            self.block_size, [(s.seq.block_table, s.start, s.num_tokens) for s in scheduled]))
+        hidden = self.model(torch.tensor(ids, dtype=torch.long), _positions(scheduled), self.attn)
         if not sampling:
             return [], torch.empty(0)
         return sampling, self.model.compute_logits(hidden[torch.tensor(sample_rows)])
+
+
+def _positions(scheduled: list[ScheduledSeq]) -> torch.Tensor:
+    out: list[int] = []
+    for s in scheduled:
+        out.extend(range(s.start, s.start + s.num_tokens))
+    return torch.tensor(out, dtype=torch.long)

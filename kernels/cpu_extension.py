@@ -14,8 +14,8 @@ from types import ModuleType
 
 log = logging.getLogger(__name__)
 
-_SOURCES = ("paged_attention.cpp",)
-_FUNCTIONS = ("paged_decode_attention",)
+_SOURCES = ("paged_attention.cpp", "elementwise.cpp")
+_FUNCTIONS = ("paged_attention", "write_kv", "add_rms_norm", "silu_mul")
 
 
 def _build_dir() -> Path:

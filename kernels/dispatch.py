@@ -6,18 +6,24 @@ from __future__ import annotations
 import torch
 
 from kernels.cpu_extension import load_cpu_kernels
-from kernels.reference import paged_decode_attention_ref
+from kernels.reference import paged_attention_ref, write_kv_ref
 
 
 class AttentionOps:
-    """The decode-attention op chosen once for a device."""
+    """The paged-cache ops chosen once for a device."""
 
     def __init__(self, device: torch.device | str = "cpu", prefer_native: bool = True):
         device = torch.device(device)
         self.native = load_cpu_kernels() if (prefer_native and device.type == "cpu") else None
         self.name = "cpu-cpp" if self.native is not None else "torch-reference"
 
-    def paged_decode(self, q, k_pool, v_pool, block_tables, context_lens, scale: float) -> torch.Tensor:
+    def write_kv(self, k, v, k_pool, v_pool, slot_mapping) -> None:
         if self.native is not None:
-            return self.native.paged_decode_attention(q, k_pool, v_pool, block_tables, context_lens, scale)
-        return paged_decode_attention_ref(q, k_pool, v_pool, block_tables, context_lens, scale)
+            self.native.write_kv(k, v, k_pool, v_pool, slot_mapping)
+        else:
+            write_kv_ref(k, v, k_pool, v_pool, slot_mapping)
+
+    def paged_attention(self, q, k_pool, v_pool, block_tables, seq_of_token, context_lens, scale: float):
+        if self.native is not None:
+            return self.native.paged_attention(q, k_pool, v_pool, block_tables, seq_of_token, context_lens, scale)
+        return paged_attention_ref(q, k_pool, v_pool, block_tables, seq_of_token, context_lens, scale)

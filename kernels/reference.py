@@ -1,27 +1,96 @@
-"""Torch reference ops: the semantics every kernel must match, and the fallback path."""
+"""Torch reference ops: the semantics every kernel must match, and the fallback path.
+
+Pool layout (one layer): K [Hkv, NB, D, BS] (each block transposed), V [Hkv, NB, BS, D].
+"""
 
 from __future__ import annotations
 
 import torch
 
 
-def paged_decode_attention_ref(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
-                               block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float) -> torch.Tensor:
-    """q: [B, Hq, D]; k/v_pool: [Hkv, NB, BS, D]; block_tables: [B, max_blocks]; context_lens: [B].
+def write_kv_ref(k: torch.Tensor, v: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
+                 slot_mapping: torch.Tensor) -> None:
+    """Store k, v ([T, Hkv, D]) at their slots, in place."""
+    hkv, _, d, bs = k_pool.shape
+    blocks, offsets = slot_mapping // bs, slot_mapping % bs
+    k_pool[:, blocks, :, offsets] = k.to(k_pool.dtype)           # advanced dims first: [T, Hkv, D]
+    v_pool.view(hkv, -1, d).index_copy_(1, slot_mapping, v.transpose(0, 1).to(v_pool.dtype))
 
-    Gathers each sequence's blocks into a padded batch and attends with two batched
-    matmuls; query head h uses KV head h // (Hq // Hkv).
+
+def gather_kv(k_pool: torch.Tensor, v_pool: torch.Tensor, block_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Blocks -> K, V as [Hkv, n_blocks * BS, D] in token order."""
+    hkv, _, d, bs = k_pool.shape
+    n = block_ids.numel()
+    keys = k_pool.index_select(1, block_ids).transpose(-1, -2).reshape(hkv, n * bs, d)
+    values = v_pool.index_select(1, block_ids).view(hkv, n * bs, d)
+    return keys, values
+
+
+def paged_attention_ref(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, block_tables: torch.Tensor,
+                        seq_of_token: torch.Tensor, context_lens: torch.Tensor, scale: float) -> torch.Tensor:
+    """q: [T, Hq, D]; block_tables: [S, max_blocks]; seq_of_token, context_lens: [T] -> [T, Hq, D].
+
+    Token t attends over positions [0, context_lens[t]) of sequence seq_of_token[t]; query
+    head h reads KV head h // (Hq // Hkv). Sequences with one token in the step (decodes)
+    are batched into one padded gather and two matmuls; others are computed one by one.
     """
+    out = torch.empty_like(q)
+    seqs = seq_of_token.tolist()
+    counts: dict[int, list[int]] = {}
+    for t, s in enumerate(seqs):
+        counts.setdefault(s, []).append(t)
+    single = [rows[0] for rows in counts.values() if len(rows) == 1]
+    if single:
+        idx = torch.tensor(single)
+        out[idx] = _padded_batch(q[idx], k_pool, v_pool, block_tables[seq_of_token[idx]], context_lens[idx], scale)
+    for s, rows in counts.items():
+        if len(rows) == 1:
+            continue
+        idx = torch.tensor(rows)
+        lens = context_lens[idx]
+        n_blocks = -(-int(lens.max()) // k_pool.shape[-1])
+        keys, values = gather_kv(k_pool, v_pool, block_tables[s, :n_blocks])
+        out[idx] = _attend(q[idx], keys, values, lens, scale)
+    return out
+
+
+def _attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, lens: torch.Tensor, scale: float) -> torch.Tensor:
+    """q: [n, Hq, D] over one sequence's keys/values [Hkv, L, D]; token i sees lens[i] positions."""
+    n, hq, d = q.shape
+    hkv, length = keys.shape[0], keys.shape[1]
+    qg = q.transpose(0, 1).reshape(hkv, hq // hkv * n, d)
+    scores = (torch.matmul(qg, keys.transpose(-1, -2)).float() * scale).view(hkv, hq // hkv, n, length)
+    hidden = torch.arange(length).unsqueeze(0) >= lens.unsqueeze(1)
+    probs = torch.softmax(scores.masked_fill(hidden, float("-inf")), dim=-1).to(values.dtype)
+    out = torch.matmul(probs.view(hkv, -1, length), values)
+    return out.view(hq, n, d).transpose(0, 1)
+
+
+def _padded_batch(q, k_pool, v_pool, tables, lens, scale):
+    """One query token per sequence, all sequences in one padded gather."""
     b, hq, d = q.shape
-    hkv, _, bs, _ = k_pool.shape
-    max_blocks = block_tables.shape[1]
-    length = max_blocks * bs
-    ids = block_tables.reshape(-1)
-    keys = k_pool.index_select(1, ids).view(hkv, b, length, d)
-    values = v_pool.index_select(1, ids).view(hkv, b, length, d)
+    hkv = k_pool.shape[0]
+    n_blocks = -(-int(lens.max()) // k_pool.shape[-1])
+    keys, values = gather_kv(k_pool, v_pool, tables[:, :n_blocks].reshape(-1))
+    length = keys.shape[1] // b
+    keys, values = keys.view(hkv, b, length, d), values.view(hkv, b, length, d)
     qg = q.view(b, hkv, hq // hkv, d).transpose(0, 1)                      # [Hkv, B, G, D]
     scores = torch.matmul(qg, keys.transpose(-1, -2)).float() * scale      # [Hkv, B, G, L]
-    visible = torch.arange(length).unsqueeze(0) < context_lens.unsqueeze(1)
-    scores = scores.masked_fill(~visible[None, :, None, :], float("-inf"))
+    hidden = torch.arange(length).unsqueeze(0) >= lens.unsqueeze(1)
+    scores = scores.masked_fill(hidden[None, :, None, :], float("-inf"))
     probs = torch.softmax(scores, dim=-1).to(values.dtype)
     return torch.matmul(probs, values).transpose(0, 1).reshape(b, hq, d)
+
+
+def add_rms_norm_ref(residual: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
+                     eps: float) -> torch.Tensor:
+    """residual += delta (in place, when given); return rms_norm(residual) * weight, in fp32 math."""
+    if delta is not None:
+        residual.add_(delta)
+    return torch.nn.functional.rms_norm(residual.float(), (residual.shape[-1],), weight, eps).to(residual.dtype)
+
+
+def silu_mul_ref(gate_up: torch.Tensor) -> torch.Tensor:
+    """[T, 2I] (gate | up) -> silu(gate) * up, [T, I]."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return torch.nn.functional.silu(gate) * up

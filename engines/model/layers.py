@@ -6,6 +6,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kernels.fused import add_rms_norm, silu_mul
+from kernels.linear import PackedWeight
+
 
 class RMSNorm(nn.Module):
     """Computed in fp32 whatever the model dtype: torch's fused fp32 kernel is both more
@@ -19,9 +22,14 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.rms_norm(x.float(), (x.shape[-1],), self.weight, self.eps).to(x.dtype)
 
+    def add_and_norm(self, residual: torch.Tensor, delta: torch.Tensor | None) -> torch.Tensor:
+        """residual += delta in place, then normalise it: one fused pass."""
+        return add_rms_norm(residual, delta, self.weight, self.eps)
+
 
 class Linear(nn.Module):
-    """y = x W^T (+ b). Quantization replaces this module with a packed variant."""
+    """y = x W^T (+ b). `pack()` prepares the weight for fast CPU GEMMs once loaded;
+    quantization replaces this module with a quantized variant."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool, dtype: torch.dtype):
         super().__init__()
@@ -31,8 +39,14 @@ class Linear(nn.Module):
         self.bias = (
             nn.Parameter(torch.zeros(out_features, dtype=dtype), requires_grad=False) if bias else None
         )
+        self._packed: PackedWeight | None = None
+
+    def pack(self) -> None:
+        self._packed = PackedWeight(self.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self._packed is not None:
+            return self._packed.linear(x, self.bias)
         return F.linear(x, self.weight, self.bias)
 
 
@@ -46,5 +60,4 @@ class SwiGLU(nn.Module):
         self.down_proj = Linear(intermediate, hidden, bias, dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(silu_mul(self.gate_up_proj(x)))

@@ -11,6 +11,7 @@ from torch import nn
 
 from engines.attention import AttentionBackend
 from engines.model.layers import Linear, RMSNorm, SwiGLU
+from kernels.linear import PackedWeight
 from engines.model.rope import RotaryEmbedding
 from engines.model_config import ModelConfig
 
@@ -26,11 +27,12 @@ class Attention(nn.Module):
         self.qkv_proj = Linear(cfg.hidden_size, cfg.q_size + 2 * cfg.kv_size, cfg.attention_bias, dtype)
         self.o_proj = Linear(cfg.q_size, cfg.hidden_size, cfg.attention_bias, dtype)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, rope: RotaryEmbedding, attn: AttentionBackend):
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttentionBackend):
         t = x.shape[0]
         qkv = self.qkv_proj(x)
         # Q and K are adjacent columns: rotate them in one pass.
-        qk = rope(positions, qkv[:, : self.q_size + self.kv_size].view(t, self.n_heads + self.n_kv, self.head_dim))
+        qk = RotaryEmbedding.apply(qkv[:, : self.q_size + self.kv_size].view(t, self.n_heads + self.n_kv, self.head_dim),
+                                   cos, sin)
         q, k = qk[:, : self.n_heads], qk[:, self.n_heads:]
         v = qkv[:, self.q_size + self.kv_size:].view(t, self.n_kv, self.head_dim)
         out = attn.forward(self.layer, q, k, v)
@@ -45,9 +47,11 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
         self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias, dtype)
 
-    def forward(self, x, positions, rope, attn):
-        x = x + self.self_attn(self.input_layernorm(x), positions, rope, attn)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, hidden, residual, cos, sin, attn, next_norm: RMSNorm):
+        """hidden = input_layernorm(residual). Adds this layer's two outputs into `residual`
+        in place and returns next_norm(residual) for the next layer (or the final norm)."""
+        hidden = self.post_attention_layernorm.add_and_norm(residual, self.self_attn(hidden, cos, sin, attn))
+        return next_norm.add_and_norm(residual, self.mlp(hidden))
 
 
 class LlamaForCausalLM(nn.Module):
@@ -61,19 +65,34 @@ class LlamaForCausalLM(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
         self.lm_head = None if cfg.tie_word_embeddings else Linear(cfg.hidden_size, cfg.vocab_size, False, dtype)
         self.rope = RotaryEmbedding(cfg, dtype)
+        self._tied_head: PackedWeight | None = None
+
+    def pack_weights(self) -> None:
+        """Prepack every GEMM weight once the checkpoint is loaded (see kernels/linear.py)."""
+        for module in self.modules():
+            if isinstance(module, Linear):
+                module.pack()
+        if self.lm_head is None:
+            self._tied_head = PackedWeight(self.embed_tokens.weight)
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionBackend) -> torch.Tensor:
         """input_ids, positions: [T] -> final hidden states [T, hidden]."""
-        x = self.embed_tokens(input_ids)
-        for layer in self.layers:
-            x = layer(x, positions, self.rope, attn)
-        return self.norm(x)
+        residual = self.embed_tokens(input_ids)
+        cos, sin = self.rope.tables(positions)
+        layers = self.layers
+        hidden = layers[0].input_layernorm.add_and_norm(residual, None)
+        for i, layer in enumerate(layers):
+            next_norm = layers[i + 1].input_layernorm if i + 1 < len(layers) else self.norm
+            hidden = layer(hidden, residual, cos, sin, attn, next_norm)
+        return hidden
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits in fp32 for the rows that need sampling."""
-        if self.lm_head is None:
+        if self._tied_head is not None:
+            logits = self._tied_head.linear(hidden)
+        elif self.lm_head is None:
             logits = torch.nn.functional.linear(hidden, self.embed_tokens.weight)
         else:
             logits = self.lm_head(hidden)

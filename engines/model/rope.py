@@ -45,8 +45,11 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("sin", torch.cat((-freqs.sin(), freqs.sin()), dim=-1).to(dtype), persistent=False)
         self.max_positions = cfg.max_position_embeddings
 
-    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """x: [T, H, D] (query and key heads together), positions: [T]."""
-        cos = self.cos[positions].unsqueeze(1)
-        sin = self.sin[positions].unsqueeze(1)
+    def tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin for the step's positions, [T, 1, D]: looked up once, used by every layer."""
+        return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
+
+    @staticmethod
+    def apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """x: [T, H, D] (query and key heads together)."""
         return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin

@@ -1,0 +1,27 @@
+"""Fused per-token decoder ops: the C++ CPU kernel where it built, else the torch reference."""
+
+from __future__ import annotations
+
+import torch
+
+from kernels.cpu_extension import load_cpu_kernels
+from kernels.reference import add_rms_norm_ref, silu_mul_ref
+
+
+def _native(t: torch.Tensor):
+    return load_cpu_kernels() if t.device.type == "cpu" and t.dtype in (torch.float32, torch.bfloat16) else None
+
+
+def add_rms_norm(residual: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """residual += delta in place (when given), then return RMSNorm(residual) * weight."""
+    native = _native(residual)
+    if native is not None and residual.dim() == 2:
+        return native.add_rms_norm(residual, delta, weight, eps)
+    return add_rms_norm_ref(residual, delta, weight, eps)
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    native = _native(gate_up)
+    if native is not None and gate_up.dim() == 2:
+        return native.silu_mul(gate_up)
+    return silu_mul_ref(gate_up)
