@@ -1,11 +1,11 @@
 """The paged KV pool: one preallocated K and V buffer per layer, addressed by slot.
 
 Slot s holds the token at offset s % block_size of block s // block_size. Both are
-head-major; K stores each block transposed, V does not (see kernels/reference.py):
-  K: [layers, kv_heads, blocks, head_dim, block_size]
-  V: [layers, kv_heads, blocks, block_size, head_dim]
-so the decode kernel computes a block's scores and its weighted sum of values with
-contiguous, vectorizable loops.
+head-major; with P = 2 for 16-bit pools (1 for fp32):
+  K: [layers, kv_heads, blocks, head_dim / P, block_size, P]  (each block transposed)
+  V: [layers, kv_heads, blocks, block_size / P, head_dim, P]
+so the attention kernel computes a block's scores and its weighted sum of values with
+contiguous vector loops, as bf16 pair dot products where the CPU has them.
 """
 
 from __future__ import annotations
@@ -22,8 +22,11 @@ class KVPool:
         self.block_size = block_size
         self.dtype = dtype
         layers, heads, d = cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim
-        self.k = torch.zeros((layers, heads, num_blocks, d, block_size), dtype=dtype, device=device)
-        self.v = torch.zeros((layers, heads, num_blocks, block_size, d), dtype=dtype, device=device)
+        elem = torch.empty((), dtype=dtype).element_size()
+        p = 2 if elem == 2 and d % 2 == 0 and block_size % 2 == 0 else 1
+        self.pack = p
+        self.k = torch.zeros((layers, heads, num_blocks, d // p, block_size, p), dtype=dtype, device=device)
+        self.v = torch.zeros((layers, heads, num_blocks, block_size // p, d, p), dtype=dtype, device=device)
 
     @property
     def capacity_tokens(self) -> int:

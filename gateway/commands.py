@@ -49,15 +49,25 @@ def generate(args: argparse.Namespace) -> int:
 
 
 def serve(config_path: str, host: str | None, port: int | None) -> int:
+    import logging
+
     import uvicorn
 
+    from engines.async_engine import AsyncEngine
+    from engines.engine_config import EngineConfig
+    from engines.llm_engine import LLMEngine
     from gateway.minimal_app import build_app
 
+    logging.getLogger("engines").setLevel(logging.INFO)  # model load and KV capacity at start
     cfg = load_config(config_path)
     tier_name = cfg.default_tier
     tier = cfg.tiers[tier_name]
     loaded = load_model(tier.model, tier.dtype)
-    app = build_app(loaded, tier.served_name or tier_name, tier.max_model_len)
+    engine = LLMEngine(loaded, EngineConfig(
+        kv_cache_memory_bytes=int(tier.kv_cache_memory), block_size=tier.block_size,
+        max_num_seqs=tier.max_num_seqs, max_num_batched_tokens=tier.max_num_batched_tokens,
+        max_model_len=tier.max_model_len, enable_prefix_caching=tier.enable_prefix_caching))
+    app = build_app(AsyncEngine(engine), tier.served_name or tier_name)
     uvicorn.run(app, host=host or cfg.server.host, port=port if port is not None else cfg.server.port,
                 log_level="info")
     return 0

@@ -1,6 +1,8 @@
 """Torch reference ops: the semantics every kernel must match, and the fallback path.
 
-Pool layout (one layer): K [Hkv, NB, D, BS] (each block transposed), V [Hkv, NB, BS, D].
+Pool layout (one layer), P = 2 for 16-bit pools, 1 for fp32 (see kernels/cpu/paged_attention.cpp):
+K [Hkv, NB, D/P, BS, P] (each block transposed, head-dim pairs together),
+V [Hkv, NB, BS/P, D, P] (token pairs together).
 """
 
 from __future__ import annotations
@@ -11,18 +13,21 @@ import torch
 def write_kv_ref(k: torch.Tensor, v: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
                  slot_mapping: torch.Tensor) -> None:
     """Store k, v ([T, Hkv, D]) at their slots, in place."""
-    hkv, _, d, bs = k_pool.shape
+    t, hkv, d = k.shape
+    bs, p = k_pool.shape[3], k_pool.shape[4]
     blocks, offsets = slot_mapping // bs, slot_mapping % bs
-    k_pool[:, blocks, :, offsets] = k.to(k_pool.dtype)           # advanced dims first: [T, Hkv, D]
-    v_pool.view(hkv, -1, d).index_copy_(1, slot_mapping, v.transpose(0, 1).to(v_pool.dtype))
+    # Advanced indices split by slices put their dims first: the targets are [T, Hkv, D/P, P] and [T, Hkv, D].
+    k_pool[:, blocks, :, offsets, :] = k.reshape(t, hkv, d // p, p).to(k_pool.dtype)
+    v_pool[:, blocks, offsets // p, :, offsets % p] = v.to(v_pool.dtype)
 
 
 def gather_kv(k_pool: torch.Tensor, v_pool: torch.Tensor, block_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Blocks -> K, V as [Hkv, n_blocks * BS, D] in token order."""
-    hkv, _, d, bs = k_pool.shape
+    hkv, _, _, bs, p = k_pool.shape
+    d = v_pool.shape[3]
     n = block_ids.numel()
-    keys = k_pool.index_select(1, block_ids).transpose(-1, -2).reshape(hkv, n * bs, d)
-    values = v_pool.index_select(1, block_ids).view(hkv, n * bs, d)
+    keys = k_pool.index_select(1, block_ids).permute(0, 1, 3, 2, 4).reshape(hkv, n * bs, d)
+    values = v_pool.index_select(1, block_ids).permute(0, 1, 2, 4, 3).reshape(hkv, n * bs, d)
     return keys, values
 
 
@@ -48,7 +53,7 @@ def paged_attention_ref(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Ten
             continue
         idx = torch.tensor(rows)
         lens = context_lens[idx]
-        n_blocks = -(-int(lens.max()) // k_pool.shape[-1])
+        n_blocks = -(-int(lens.max()) // k_pool.shape[3])
         keys, values = gather_kv(k_pool, v_pool, block_tables[s, :n_blocks])
         out[idx] = _attend(q[idx], keys, values, lens, scale)
     return out
@@ -70,7 +75,7 @@ def _padded_batch(q, k_pool, v_pool, tables, lens, scale):
     """One query token per sequence, all sequences in one padded gather."""
     b, hq, d = q.shape
     hkv = k_pool.shape[0]
-    n_blocks = -(-int(lens.max()) // k_pool.shape[-1])
+    n_blocks = -(-int(lens.max()) // k_pool.shape[3])
     keys, values = gather_kv(k_pool, v_pool, tables[:, :n_blocks].reshape(-1))
     length = keys.shape[1] // b
     keys, values = keys.view(hkv, b, length, d), values.view(hkv, b, length, d)

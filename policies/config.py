@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ByteSize, ConfigDict, Field, ValidationError, model_validator
 
 
 class ConfigError(ValueError):
@@ -31,6 +31,11 @@ class EmbeddedTier(_Strict):
     served_name: str | None = Field(None, description="model id shown to clients; defaults to the tier name")
     dtype: Literal["float32", "bfloat16"] = "bfloat16"
     max_model_len: int = Field(2048, gt=0)
+    kv_cache_memory: ByteSize = Field(ByteSize(512 * 2**20), description="KV pool size, e.g. '512MiB'")
+    block_size: int = Field(16, gt=0, le=256)
+    max_num_seqs: int = Field(128, gt=0)
+    max_num_batched_tokens: int = Field(2048, gt=0)
+    enable_prefix_caching: bool = True
 
 
 class GatewayConfig(_Strict):

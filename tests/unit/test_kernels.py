@@ -16,10 +16,17 @@ def native():
     return module
 
 
+def _pools(hkv, blocks, bs, d, dtype, generator=None, fill=True):
+    """Empty or random pools in the kernel layout (P = 2 for bf16, 1 for fp32)."""
+    p = 2 if dtype == torch.bfloat16 else 1
+    make = (lambda *shape: torch.randn(*shape, generator=generator).to(dtype)) if fill else \
+        (lambda *shape: torch.zeros(*shape, dtype=dtype))
+    return make(hkv, blocks, d // p, bs, p), make(hkv, blocks, bs // p, d, p)
+
+
 def _case(dtype, hq=9, hkv=3, d=64, blocks=64, bs=16, batch=7, seed=0):
     g = torch.Generator().manual_seed(seed)
-    k = torch.randn(hkv, blocks, d, bs, generator=g).to(dtype)
-    v = torch.randn(hkv, blocks, bs, d, generator=g).to(dtype)
+    k, v = _pools(hkv, blocks, bs, d, dtype, g)
     lens = torch.randint(1, 10 * bs, (batch,), generator=g)
     lens[0] = 1                                   # a one-token context
     lens[1] = 3 * bs                              # exactly block-aligned
@@ -58,8 +65,8 @@ def test_reference_equals_dense_attention():
     out = paged_attention_ref(q, k, v, tables, torch.arange(q.shape[0]), lens, 0.125)
     for b in range(q.shape[0]):
         n = int(lens[b])
-        keys = k[:, tables[b]].transpose(-1, -2).reshape(3, -1, 64)[:, :n]
-        values = v[:, tables[b]].reshape(3, -1, 64)[:, :n]
+        keys, values = gather_kv(k, v, tables[b])
+        keys, values = keys[:, :n], values[:, :n]
         dense = torch.nn.functional.scaled_dot_product_attention(
             q[b].view(9, 1, 64), keys.repeat_interleave(3, 0), values.repeat_interleave(3, 0), scale=0.125)
         torch.testing.assert_close(out[b], dense.view(9, 64), atol=1e-5, rtol=1e-5)
@@ -72,8 +79,7 @@ def test_native_write_matches_reference_and_gather_reads_it_back(native, dtype):
     k = torch.randn(t, hkv, d, generator=g).to(dtype)
     v = torch.randn(t, hkv, d, generator=g).to(dtype)
     slots = torch.randperm(blocks * bs, generator=g)[:t]
-    pools = [(torch.zeros(hkv, blocks, d, bs, dtype=dtype), torch.zeros(hkv, blocks, bs, d, dtype=dtype))
-             for _ in range(2)]
+    pools = [_pools(hkv, blocks, bs, d, dtype, fill=False) for _ in range(2)]
     native.write_kv(k, v, *pools[0], slots)
     write_kv_ref(k, v, *pools[1], slots)
     assert torch.equal(pools[0][0], pools[1][0]) and torch.equal(pools[0][1], pools[1][1])
@@ -88,8 +94,8 @@ def test_reference_chunk_is_causal():
     ctx = torch.arange(1, n + 1)
     qs = torch.randn(n, 9, 64, generator=torch.Generator().manual_seed(4))
     out = paged_attention_ref(qs, k, v, tables, torch.zeros(n, dtype=torch.long), ctx, 0.125)
-    keys = k[:, tables[0]].transpose(-1, -2).reshape(3, -1, 64)[:, :n].repeat_interleave(3, 0)
-    values = v[:, tables[0]].reshape(3, -1, 64)[:, :n].repeat_interleave(3, 0)
+    keys, values = gather_kv(k, v, tables[0])
+    keys, values = keys[:, :n].repeat_interleave(3, 0), values[:, :n].repeat_interleave(3, 0)
     dense = torch.nn.functional.scaled_dot_product_attention(qs.transpose(0, 1), keys, values, is_causal=True,
                                                              scale=0.125)
     torch.testing.assert_close(out, dense.transpose(0, 1), atol=1e-5, rtol=1e-5)
