@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from contextlib import asynccontextmanager
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -81,8 +82,13 @@ def build_app(engine: AsyncEngine, model_id: str) -> Starlette:
                       "prompt_tokens_details": {"cached_tokens": last.cached_tokens}},
         })
 
+    @asynccontextmanager
+    async def lifespan(_app):
+        yield
+        engine.shutdown()
+
     return Starlette(routes=[
         Route("/healthz", healthz),
         Route("/v1/models", models),
         Route("/v1/chat/completions", chat, methods=["POST"]),
-    ], on_shutdown=[engine.shutdown])
+    ], lifespan=lifespan)

@@ -67,3 +67,20 @@ def test_errors_use_openai_format(server):
     assert info.value.body["code"] == "context_length_exceeded"
     raw = httpx.post(f"{server}/v1/chat/completions", content=b"{not json", timeout=10)
     assert raw.status_code == 400 and set(raw.json()["error"]) == {"message", "type", "param", "code"}
+
+
+def test_concurrent_requests_are_batched(server):
+    """Eight clients at once all get full answers; the engine serves them together."""
+    import concurrent.futures
+
+    client = openai.OpenAI(base_url=f"{server}/v1", api_key="unused")
+    questions = [f"Write one sentence about the number {i}." for i in range(8)]
+
+    def ask(q):
+        return client.chat.completions.create(model="smol", messages=[{"role": "user", "content": q}],
+                                              temperature=0, max_tokens=12)
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(ask, questions))
+    assert all(a.choices[0].message.content for a in answers)
+    assert all(a.usage.completion_tokens <= 12 for a in answers)
