@@ -14,7 +14,7 @@ from types import ModuleType
 
 log = logging.getLogger(__name__)
 
-_SOURCES = ("paged_attention.cpp", "elementwise.cpp")
+_SOURCES = ("vector_math.cpp", "attention_fp32.cpp", "attention_bf16.cpp", "paged_attention.cpp", "elementwise.cpp")
 _FUNCTIONS = ("paged_attention", "write_kv", "add_rms_norm", "silu_mul")
 
 
