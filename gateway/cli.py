@@ -40,6 +40,14 @@ def _build_parser() -> argparse.ArgumentParser:
     check = sub.add_parser("check-config", help="validate a YAML config")
     check.add_argument("file")
 
+    ev = sub.add_parser("eval", help="quality evaluations that write JSON")
+    ev_sub = ev.add_subparsers(dest="eval", required=True)
+    ppl = ev_sub.add_parser("ppl", help="held-out perplexity of each weight variant")
+    ppl.add_argument("--json", required=True, dest="json_out")
+    ppl.add_argument("--quant", action="append", dest="variants",
+                     help="variant to evaluate (repeatable): fp32, bf16, int8, int4-rtn-g64, int4-rtn-g128, fp8")
+    ppl.add_argument("--sequences", type=int, default=24)
+
     bench = sub.add_parser("bench", help="benchmarks that write JSON")
     bench_sub = bench.add_subparsers(dest="bench", required=True)
     decode = bench_sub.add_parser("decode", help="single-stream decode tokens/s: ours vs transformers")
@@ -97,6 +105,13 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "check-config":
         from gateway.commands import check_config
         return check_config(args.file)
+    if args.command == "eval" and args.eval == "ppl":
+        from gateway.eval.ppl import DEFAULT_VARIANTS, run_ppl_eval
+        variants = args.variants or list(DEFAULT_VARIANTS)
+        unknown = sorted(set(variants) - set(DEFAULT_VARIANTS))
+        if unknown:
+            raise UsageError(f"unknown variant(s) {unknown}; choose from {list(DEFAULT_VARIANTS)}")
+        return run_ppl_eval(args.json_out, variants, args.sequences)
     if args.command == "bench" and args.bench == "decode":
         from gateway.bench.decode import run_decode_bench
         return run_decode_bench(args.json_out, args.new_tokens, args.repeats, args.dtypes.split(","))

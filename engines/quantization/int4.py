@@ -1,0 +1,60 @@
+"""Weight-only INT4, asymmetric, one scale and zero per group of input channels.
+
+Values are 0..15 with w ~= (q - 8) * scale + zero, the convention of torch's CPU int4 ops
+(`_convert_weight_to_int4pack_for_cpu` / `_weight_int4pack_mm_for_cpu`). When the group
+size does not divide the input size (576 = 4.5 x 128 in SmolLM2), the weight is padded with
+zero columns to the next multiple and the activations with zeros to match.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+SUPPORTED_GROUP_SIZES = (32, 64, 128, 256)
+
+
+def quantize_int4(weight: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Round-to-nearest. [N, K] -> (q int32 [N, K] in 0..15, scales [N, K/g], zeros [N, K/g])."""
+    n, k = weight.shape
+    if group_size not in SUPPORTED_GROUP_SIZES or k % group_size:
+        raise ValueError(f"group size {group_size} must be one of {SUPPORTED_GROUP_SIZES} and divide {k}")
+    w = weight.float().view(n, k // group_size, group_size)
+    lo, hi = w.amin(dim=-1), w.amax(dim=-1)
+    scales = ((hi - lo) / 15.0).clamp_min(1e-8)
+    q = torch.round((w - lo[..., None]) / scales[..., None]).clamp(0, 15)
+    zeros = lo + 8.0 * scales
+    return q.to(torch.int32).view(n, k), scales, zeros
+
+
+def dequantize_int4(q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group_size: int) -> torch.Tensor:
+    n, k = q.shape
+    qg = q.float().view(n, k // group_size, group_size)
+    return ((qg - 8.0) * scales[..., None] + zeros[..., None]).view(n, k)
+
+
+class Int4Linear(nn.Module):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, group_size: int,
+                 q: torch.Tensor | None = None, scales: torch.Tensor | None = None, zeros: torch.Tensor | None = None):
+        super().__init__()
+        self.in_features = weight.shape[1] if weight is not None else q.shape[1]
+        if q is None:
+            pad = -weight.shape[1] % group_size
+            q, scales, zeros = quantize_int4(F.pad(weight.float(), (0, pad)), group_size)
+        self.padded_in = q.shape[1]
+        self.out_features = q.shape[0]
+        self.group_size = group_size
+        self.register_buffer("qweight", torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 2))
+        # [K/g, N, 2] (scale, zero) in bf16, the layout the CPU op reads.
+        self.register_buffer("scales_and_zeros", torch.stack([scales.t(), zeros.t()], dim=-1).to(torch.bfloat16).contiguous())
+        self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        flat = x.reshape(-1, shape[-1]).to(torch.bfloat16)
+        if self.padded_in != self.in_features:
+            flat = F.pad(flat, (0, self.padded_in - self.in_features))
+        out = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.qweight, self.group_size, self.scales_and_zeros)
+        out = out.to(x.dtype).view(*shape[:-1], self.out_features)
+        return out if self.bias is None else out + self.bias

@@ -1,0 +1,1 @@
+"""Quality evaluation behind `tiergate eval ...`."""

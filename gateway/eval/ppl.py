@@ -1,0 +1,89 @@
+"""`tiergate eval ppl`: perplexity, greedy agreement with fp32, weight bytes and decode speed
+of each weight variant, on the fixed held-out ShareGPT slice, in one command."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from engines.attention.contiguous import ContiguousAttention
+from engines.engine_config import EngineConfig
+from engines.llm_engine import LLMEngine
+from engines.loaded_model import load_model
+from engines.quantization import quantize_model, weight_bytes
+from engines.sampling_params import SamplingParams
+from gateway.bench.common import machine_info, write_json
+from gateway.eval.heldout import heldout_sequences
+
+DEFAULT_VARIANTS = ("fp32", "bf16", "int8", "int4-rtn-g64", "int4-rtn-g128", "fp8")
+
+
+def _load_variant(name: str):
+    if name in ("fp32", "bf16"):
+        return load_model("default", "float32" if name == "fp32" else "bfloat16")
+    loaded = load_model("default", "bfloat16")
+    method, _, group = name.partition("-g")
+    quantize_model(loaded.model, method, int(group) if group else 128)
+    return loaded
+
+
+def _logits(model, ids: list[int]) -> torch.Tensor:
+    attn = ContiguousAttention(model.config, len(ids), model.dtype)
+    attn.begin_step(0, len(ids))
+    hidden = model(torch.tensor(ids), torch.arange(len(ids)), attn)
+    return model.compute_logits(hidden)
+
+
+def _decode_speed(loaded, prompts: list[list[int]], batch: int, new_tokens: int = 32) -> float:
+    engine = LLMEngine(loaded, EngineConfig(kv_cache_memory_bytes=256 * 2**20, max_num_seqs=batch))
+    params = SamplingParams(max_tokens=new_tokens, temperature=0, ignore_eos=True)
+    batch_prompts = [p[:128] for p in (prompts * batch)[:batch]]
+    engine.generate(batch_prompts[:1], SamplingParams(max_tokens=2, temperature=0))   # warm-up
+    started = time.perf_counter()
+    engine.generate(batch_prompts, params)
+    return batch * new_tokens / (time.perf_counter() - started)
+
+
+def run_ppl_eval(json_out: str, variants: list[str], n_sequences: int) -> int:
+    console = Console(stderr=True)
+    reference = load_model("default", "float32")
+    sequences = heldout_sequences(reference.tokenizer, reference.chat_template, n=n_sequences)
+    ref_top1 = [_logits(reference.model, ids)[:-1].argmax(-1) for ids in sequences]
+    report = {"benchmark": "ppl", "machine": machine_info(),
+              "workload": {"sequences": len(sequences), "tokens": sum(len(s) for s in sequences),
+                           "source": "ShareGPT V3 held-out records (index >= 12000), first exchange, chat-templated"},
+              "variants": {}}
+    for name in variants:
+        console.log(f"evaluating {name}")
+        loaded = reference if name == "fp32" else _load_variant(name)
+        nll, count, agree = 0.0, 0, 0
+        for ids, top1 in zip(sequences, ref_top1):
+            logits = _logits(loaded.model, ids)[:-1]
+            targets = torch.tensor(ids[1:])
+            nll += float(torch.nn.functional.cross_entropy(logits, targets, reduction="sum"))
+            count += len(targets)
+            agree += int((logits.argmax(-1) == top1).sum())
+        report["variants"][name] = {
+            "perplexity": math.exp(nll / count),
+            "top1_agreement_with_fp32": agree / count,
+            "weight_bytes": weight_bytes(loaded.model),
+            "decode_tokens_per_s": {f"batch_{b}": _decode_speed(loaded, sequences, b) for b in (1, 32)},
+        }
+    base = report["variants"].get("fp32", {}).get("perplexity")
+    if base:
+        for entry in report["variants"].values():
+            entry["ppl_increase_vs_fp32"] = entry["perplexity"] / base - 1
+    write_json(json_out, report)
+    table = Table(title=f"held-out perplexity ({len(sequences)} conversations)")
+    for col in ("variant", "ppl", "vs fp32", "top-1 agree", "weights MB", "tok/s b1", "tok/s b32"):
+        table.add_column(col)
+    for name, e in report["variants"].items():
+        table.add_row(name, f"{e['perplexity']:.3f}", f"{e.get('ppl_increase_vs_fp32', 0) * 100:+.2f} %",
+                      f"{e['top1_agreement_with_fp32'] * 100:.1f} %", f"{e['weight_bytes'] / 1e6:.0f}",
+                      f"{e['decode_tokens_per_s']['batch_1']:.1f}", f"{e['decode_tokens_per_s']['batch_32']:.1f}")
+    console.print(table)
+    return 0

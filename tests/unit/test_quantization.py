@@ -1,0 +1,91 @@
+"""Weight quantization: round trips within the format's error, modules equal their
+dequantized weights, and a quantized tiny model stays close to the original."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engines.quantization.fp8 import Fp8Linear, quantize_fp8
+from engines.quantization.int4 import Int4Linear, dequantize_int4, quantize_int4
+from engines.quantization.int8 import Int8Linear, quantize_int8
+
+G = torch.Generator().manual_seed(0)
+W = torch.randn(96, 256, generator=G)
+X = torch.randn(5, 256, generator=G)
+
+
+def test_int8_round_trip_error_is_half_a_step():
+    q, scales = quantize_int8(W)
+    assert q.dtype == torch.int8 and q.abs().max() <= 127
+    err = (q.float() * scales[:, None] - W).abs()
+    assert (err <= scales[:, None] / 2 + 1e-6).all()
+
+
+@pytest.mark.parametrize("group", [32, 64, 128])
+def test_int4_round_trip_error_is_half_a_step(group):
+    q, scales, zeros = quantize_int4(W, group)
+    assert q.min() >= 0 and q.max() <= 15
+    err = (dequantize_int4(q, scales, zeros, group) - W).abs().view(96, -1, group)
+    assert (err <= scales[..., None] / 2 + 1e-5).all()
+
+
+def test_int4_rejects_group_sizes_that_do_not_divide():
+    with pytest.raises(ValueError, match="group size"):
+        quantize_int4(W[:, :96], 64)
+
+
+@pytest.mark.parametrize("make,tol", [
+    (lambda w, b: Int8Linear(w, b), 0.1),
+    (lambda w, b: Int4Linear(w, b, 64), 0.1),
+    (lambda w, b: Fp8Linear(w, b), 0.1),
+])
+def test_modules_equal_their_dequantized_weights(make, tol):
+    bias = torch.randn(96, generator=G)
+    module = make(W, bias)
+    if isinstance(module, Int8Linear):
+        ref_w = module.dequantized()
+    elif isinstance(module, Int4Linear):
+        q, s, z = quantize_int4(W, 64)
+        ref_w = dequantize_int4(q, s.bfloat16().float(), z.bfloat16().float(), 64)
+    else:
+        q, s = quantize_fp8(W)
+        ref_w = q.float() * s[:, None]
+    want = X.bfloat16().float() @ ref_w.t() + bias
+    got = module(X.bfloat16()).float()
+    assert (got - want).abs().max().item() < tol * want.abs().max().item()
+
+
+def test_int4_pads_inputs_that_groups_do_not_divide():
+    w = torch.randn(64, 576, generator=G)                        # 576 = 4.5 x 128, like SmolLM2
+    module = Int4Linear(w, None, 128)
+    assert module.padded_in == 640 and module.in_features == 576
+    x = torch.randn(3, 576, generator=G).bfloat16()
+    q, s, z = quantize_int4(torch.nn.functional.pad(w, (0, 64)), 128)
+    deq = dequantize_int4(q, s.bfloat16().float(), z.bfloat16().float(), 128)
+    want = x.float() @ deq[:, :576].t()
+    got = module(x).float()
+    assert (got - want).abs().max() < 0.02 * want.abs().max()
+
+
+@pytest.mark.parametrize("method", ["int8", "int4-rtn", "fp8"])
+def test_quantized_tiny_model_stays_close(tmp_path, method):
+    from engines.attention.contiguous import ContiguousAttention
+    from engines.loaded_model import load_model
+    from engines.quantization import quantize_model, weight_bytes
+    from tests.tiny_models import write_tiny_checkpoint
+
+    write_tiny_checkpoint(tmp_path, intermediate_size=128)
+    ref = load_model(tmp_path, "bfloat16").model
+    quant = load_model(tmp_path, "bfloat16").model
+    assert quantize_model(quant, method, group_size=32, progress=False) == 2 * 4
+    assert weight_bytes(quant) < weight_bytes(ref)
+    ids = torch.arange(1, 25)
+
+    def logits(model):
+        attn = ContiguousAttention(model.config, 24, torch.bfloat16)
+        attn.begin_step(0, 24)
+        return model.compute_logits(model(ids, torch.arange(24), attn))
+
+    a, b = logits(ref), logits(quant)
+    assert (a - b).abs().mean() < 0.1 * a.abs().mean()
