@@ -45,7 +45,8 @@ def _build_parser() -> argparse.ArgumentParser:
     ppl = ev_sub.add_parser("ppl", help="held-out perplexity of each weight variant")
     ppl.add_argument("--json", required=True, dest="json_out")
     ppl.add_argument("--quant", action="append", dest="variants",
-                     help="variant to evaluate (repeatable): fp32, bf16, int8, int4-rtn-g64, int4-rtn-g128, fp8")
+                     help="variant to evaluate (repeatable): fp32, bf16, int8, int4-rtn-g64, int4-rtn-g128, "
+                          "int4-awq-g64, int4-awq-g128, fp8")
     ppl.add_argument("--sequences", type=int, default=24)
 
     bench = sub.add_parser("bench", help="benchmarks that write JSON")

@@ -38,7 +38,7 @@ class Int4Linear(nn.Module):
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, group_size: int,
                  q: torch.Tensor | None = None, scales: torch.Tensor | None = None, zeros: torch.Tensor | None = None):
         super().__init__()
-        self.in_features = weight.shape[1] if weight is not None else q.shape[1]
+        self.in_features = weight.shape[1]
         if q is None:
             pad = -weight.shape[1] % group_size
             q, scales, zeros = quantize_int4(F.pad(weight.float(), (0, pad)), group_size)

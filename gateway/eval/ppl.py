@@ -17,9 +17,11 @@ from engines.loaded_model import load_model
 from engines.quantization import quantize_model, weight_bytes
 from engines.sampling_params import SamplingParams
 from gateway.bench.common import machine_info, write_json
+from engines.quantization.awq import awq_quantize
+from gateway.eval.calibration import calibration_sequences
 from gateway.eval.heldout import heldout_sequences
 
-DEFAULT_VARIANTS = ("fp32", "bf16", "int8", "int4-rtn-g64", "int4-rtn-g128", "fp8")
+DEFAULT_VARIANTS = ("fp32", "bf16", "int8", "int4-rtn-g64", "int4-rtn-g128", "int4-awq-g64", "int4-awq-g128", "fp8")
 
 
 def _load_variant(name: str):
@@ -27,7 +29,11 @@ def _load_variant(name: str):
         return load_model("default", "float32" if name == "fp32" else "bfloat16")
     loaded = load_model("default", "bfloat16")
     method, _, group = name.partition("-g")
-    quantize_model(loaded.model, method, int(group) if group else 128)
+    if method == "int4-awq":
+        calib = calibration_sequences(loaded.tokenizer, loaded.chat_template)
+        awq_quantize(loaded.model, calib, int(group))
+    else:
+        quantize_model(loaded.model, method, int(group) if group else 128)
     return loaded
 
 

@@ -89,3 +89,59 @@ def test_quantized_tiny_model_stays_close(tmp_path, method):
 
     a, b = logits(ref), logits(quant)
     assert (a - b).abs().mean() < 0.1 * a.abs().mean()
+
+
+def test_awq_scale_search_beats_plain_rounding_on_outlier_channels():
+    """With a few input channels carrying large activations, the searched scale lowers the
+    output error of INT4 rounding (AWQ's premise); alpha = 0 would reproduce plain RTN."""
+    from engines.quantization.awq import _fake_quant, search_scale
+
+    g = torch.Generator().manual_seed(1)
+    w = torch.randn(64, 256, generator=g)
+    x = torch.randn(512, 256, generator=g)
+    x[:, :8] *= 30.0                                            # salient channels
+    ref = x @ w.t()
+    rtn_err = ((x @ _fake_quant(w, 64).t() - ref) ** 2).mean()
+    s = search_scale(w, x, 64)
+    awq_err = ((x @ (_fake_quant(w * s, 64) / s).t() - ref) ** 2).mean()
+    assert awq_err < 0.8 * rtn_err
+
+
+def test_awq_clip_search_never_worse_than_no_clipping():
+    from engines.quantization.awq import clip_and_quantize
+    from engines.quantization.int4 import dequantize_int4
+
+    g = torch.Generator().manual_seed(2)
+    w = torch.randn(32, 128, generator=g)
+    w[0, 5] = 12.0                                              # an outlier weight stretches its group
+    x = torch.randn(256, 128, generator=g)
+    ref = x @ w.t()
+    q, s, z = quantize_int4(w, 64)
+    plain = ((x @ dequantize_int4(q, s, z, 64).t() - ref) ** 2).sum()
+    q, s, z = clip_and_quantize(w, x, 64)
+    clipped = ((x @ dequantize_int4(q, s, z, 64).t() - ref) ** 2).sum()
+    assert clipped <= plain
+
+
+def test_awq_on_tiny_model_keeps_it_close(tmp_path):
+    from engines.attention.contiguous import ContiguousAttention
+    from engines.loaded_model import load_model
+    from engines.quantization.awq import awq_quantize
+    from engines.quantization.int4 import Int4Linear
+    from tests.tiny_models import write_tiny_checkpoint
+
+    write_tiny_checkpoint(tmp_path, intermediate_size=128)
+    ref = load_model(tmp_path, "bfloat16").model
+    quant = load_model(tmp_path, "bfloat16").model
+    calib = [list(range(1, 60)), list(range(60, 120))]
+    assert awq_quantize(quant, calib, group_size=32, progress=False) == 8
+    assert isinstance(quant.layers[0].mlp.down_proj, Int4Linear)
+    ids = torch.arange(3, 40)
+
+    def logits(model):
+        attn = ContiguousAttention(model.config, len(ids), torch.bfloat16)
+        attn.begin_step(0, len(ids))
+        return model.compute_logits(model(ids, torch.arange(len(ids)), attn))
+
+    a, b = logits(ref), logits(quant)
+    assert (a - b).abs().mean() < 0.1 * a.abs().mean()
