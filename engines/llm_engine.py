@@ -58,7 +58,7 @@ class LLMEngine:
         if num_blocks < 2:
             raise ValueError(f"kv_cache_memory_bytes={config.kv_cache_memory_bytes} holds fewer than 2 blocks")
         self.pool = KVPool(cfg, num_blocks, config.block_size, kv_dtype)
-        self.identity = identity or f"{loaded.path.name}|w={loaded.dtype}|kv={kv_dtype}"
+        self.identity = identity or f"{loaded.path.name}|w={loaded.dtype}|q={loaded.quantization}|kv={kv_dtype}"
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching, self.identity)
         self.headroom_blocks = max(1, int(num_blocks * config.headroom_fraction))
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,

@@ -17,6 +17,7 @@ from engines.loaders.hf_checkpoint import open_hf_checkpoint
 from engines.model import LlamaForCausalLM
 from engines.model.weights import load_hf_state_dict
 from engines.model_config import ModelConfig
+from engines.quantization.artifact import is_quantized_dir, load_artifact_into
 from engines.tokenizer import TextTokenizer
 
 log = logging.getLogger(__name__)
@@ -36,6 +37,7 @@ class LoadedModel:
     model: LlamaForCausalLM
     tokenizer: TextTokenizer
     chat_template: ChatTemplate
+    quantization: str | None = None   # e.g. "int4-awq-g128", part of the engine's cache identity
 
     @property
     def dtype(self) -> torch.dtype:
@@ -74,8 +76,14 @@ def load_model(
     tokenizer = TextTokenizer.from_file(ckpt.tokenizer_json, ckpt.tokenizer_config, ckpt.config.eos_token_id)
     template = ChatTemplate(ckpt.tokenizer_config.get("chat_template"), tokenizer.bos_token, tokenizer.eos_token)
     model = LlamaForCausalLM(ckpt.config, torch_dtype)
-    load_hf_state_dict(model, ckpt.load_tensors())
+    quantization = None
+    if is_quantized_dir(ckpt.path):
+        qconfig = load_artifact_into(model, ckpt.path)
+        quantization = f"{qconfig['method']}-g{qconfig['group_size']}"
+    else:
+        load_hf_state_dict(model, ckpt.load_tensors())
     model.eval()
     model.pack_weights()
-    log.info("loaded %s (%s) in %.1fs", ckpt.path.name, torch_dtype, time.perf_counter() - started)
-    return LoadedModel(str(source or "default"), ckpt.path, ckpt.config, model, tokenizer, template)
+    log.info("loaded %s (%s%s) in %.1fs", ckpt.path.name, torch_dtype,
+             f", {quantization}" if quantization else "", time.perf_counter() - started)
+    return LoadedModel(str(source or "default"), ckpt.path, ckpt.config, model, tokenizer, template, quantization)

@@ -40,6 +40,12 @@ def _build_parser() -> argparse.ArgumentParser:
     check = sub.add_parser("check-config", help="validate a YAML config")
     check.add_argument("file")
 
+    quant = sub.add_parser("quantize", help="write a quantized copy of a model")
+    quant.add_argument("--method", required=True, choices=["int8", "int4-rtn", "int4-awq", "fp8"])
+    quant.add_argument("--group-size", type=int, default=128)
+    quant.add_argument("--out", required=True)
+    quant.add_argument("--model", default="default", help="'default', a .gguf file or an HF directory")
+
     ev = sub.add_parser("eval", help="quality evaluations that write JSON")
     ev_sub = ev.add_subparsers(dest="eval", required=True)
     ppl = ev_sub.add_parser("ppl", help="held-out perplexity of each weight variant")
@@ -106,6 +112,15 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "check-config":
         from gateway.commands import check_config
         return check_config(args.file)
+    if args.command == "quantize":
+        from pathlib import Path
+
+        from gateway.quantize_cmd import quantize_to_dir
+        if args.group_size not in (32, 64, 128, 256):
+            raise UsageError("--group-size must be one of 32, 64, 128, 256")
+        out = quantize_to_dir(args.model, args.method, args.group_size, Path(args.out))
+        print(f"wrote {args.method} g{args.group_size} artifact to {out}")
+        return 0
     if args.command == "eval" and args.eval == "ppl":
         from gateway.eval.ppl import DEFAULT_VARIANTS, run_ppl_eval
         variants = args.variants or list(DEFAULT_VARIANTS)

@@ -62,7 +62,11 @@ def serve(config_path: str, host: str | None, port: int | None) -> int:
     cfg = load_config(config_path)
     tier_name = cfg.default_tier
     tier = cfg.tiers[tier_name]
-    loaded = load_model(tier.model, tier.dtype)
+    source = tier.model
+    if tier.quantization:
+        from gateway.quantize_cmd import ensure_quantized
+        source = str(ensure_quantized(tier.model, tier.quantization, tier.quant_group_size))
+    loaded = load_model(source, tier.dtype)
     engine = LLMEngine(loaded, EngineConfig(
         kv_cache_memory_bytes=int(tier.kv_cache_memory), block_size=tier.block_size,
         max_num_seqs=tier.max_num_seqs, max_num_batched_tokens=tier.max_num_batched_tokens,

@@ -36,6 +36,9 @@ class EmbeddedTier(_Strict):
     max_num_seqs: int = Field(128, gt=0)
     max_num_batched_tokens: int = Field(2048, gt=0)
     enable_prefix_caching: bool = True
+    quantization: Literal["int8", "int4-rtn", "int4-awq", "fp8"] | None = Field(
+        None, description="weight quantization; the artifact is built and cached on first start")
+    quant_group_size: Literal[32, 64, 128, 256] = 128
 
 
 class GatewayConfig(_Strict):

@@ -20,7 +20,7 @@ def quantize_fp8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 class Fp8Linear(nn.Module):
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, q: torch.Tensor | None = None,
+    def __init__(self, weight: torch.Tensor | None, bias: torch.Tensor | None, q: torch.Tensor | None = None,
                  scales: torch.Tensor | None = None):
         super().__init__()
         if q is None:
@@ -29,6 +29,10 @@ class Fp8Linear(nn.Module):
         self.register_buffer("qweight", q)
         self.register_buffer("weight_scale", scales.float())
         self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
+
+    @property
+    def portable(self) -> dict[str, torch.Tensor]:
+        return {"qweight": self.qweight, "weight_scale": self.weight_scale}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = (self.qweight.to(torch.float32) * self.weight_scale[:, None]).to(x.dtype)

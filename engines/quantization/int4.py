@@ -28,6 +28,16 @@ def quantize_int4(weight: torch.Tensor, group_size: int) -> tuple[torch.Tensor, 
     return q.to(torch.int32).view(n, k), scales, zeros
 
 
+def pack_nibbles(q: torch.Tensor) -> torch.Tensor:
+    """[N, K] values 0..15 -> [N, K/2] uint8, two per byte (low nibble first): the stored form."""
+    return (q[:, 0::2] | (q[:, 1::2] << 4)).to(torch.uint8)
+
+
+def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
+    p = packed.to(torch.int32)
+    return torch.stack([p & 15, p >> 4], dim=-1).view(p.shape[0], -1)
+
+
 def dequantize_int4(q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group_size: int) -> torch.Tensor:
     n, k = q.shape
     qg = q.float().view(n, k // group_size, group_size)
@@ -35,13 +45,17 @@ def dequantize_int4(q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, 
 
 
 class Int4Linear(nn.Module):
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, group_size: int,
-                 q: torch.Tensor | None = None, scales: torch.Tensor | None = None, zeros: torch.Tensor | None = None):
+    def __init__(self, weight: torch.Tensor | None, bias: torch.Tensor | None, group_size: int,
+                 q: torch.Tensor | None = None, scales: torch.Tensor | None = None, zeros: torch.Tensor | None = None,
+                 in_features: int | None = None):
         super().__init__()
-        self.in_features = weight.shape[1]
+        self.in_features = in_features or weight.shape[1]
         if q is None:
             pad = -weight.shape[1] % group_size
             q, scales, zeros = quantize_int4(F.pad(weight.float(), (0, pad)), group_size)
+        # The portable form, kept only until an artifact is saved (see quantization/artifact.py).
+        self.portable: dict[str, torch.Tensor] | None = {
+            "q": pack_nibbles(q), "scales": scales.float(), "zeros": zeros.float()}
         self.padded_in = q.shape[1]
         self.out_features = q.shape[0]
         self.group_size = group_size

@@ -19,13 +19,19 @@ def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 class Int8Linear(nn.Module):
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+    def __init__(self, weight: torch.Tensor | None, bias: torch.Tensor | None,
+                 q: torch.Tensor | None = None, scales: torch.Tensor | None = None):
         super().__init__()
-        q, scales = quantize_int8(weight)
-        self.in_features, self.out_features = weight.shape[1], weight.shape[0]
+        if q is None:
+            q, scales = quantize_int8(weight)
+        self.out_features, self.in_features = q.shape
         self.register_buffer("qweight", q)
         self.register_buffer("scales", scales.to(torch.bfloat16))
         self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
+
+    @property
+    def portable(self) -> dict[str, torch.Tensor]:
+        return {"qweight": self.qweight, "scales": self.scales}
 
     def dequantized(self) -> torch.Tensor:
         return self.qweight.float() * self.scales.float()[:, None]

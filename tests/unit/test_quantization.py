@@ -145,3 +145,51 @@ def test_awq_on_tiny_model_keeps_it_close(tmp_path):
 
     a, b = logits(ref), logits(quant)
     assert (a - b).abs().mean() < 0.1 * a.abs().mean()
+
+
+@pytest.mark.parametrize("method", ["int8", "int4-rtn", "int4-awq", "fp8"])
+def test_artifact_round_trip_gives_identical_logits(tmp_path, method):
+    """Saved and reloaded, a quantized model computes exactly what it did in memory."""
+    from engines.attention.contiguous import ContiguousAttention
+    from engines.loaded_model import load_model
+    from engines.quantization import quantize_model
+    from engines.quantization.artifact import save_artifact
+    from engines.quantization.awq import awq_quantize
+    from tests.tiny_models import write_tiny_checkpoint
+
+    write_tiny_checkpoint(tmp_path / "src", intermediate_size=128)
+    loaded = load_model(tmp_path / "src", "bfloat16")
+    if method == "int4-awq":
+        awq_quantize(loaded.model, [list(range(1, 50))], group_size=32, progress=False)
+    else:
+        quantize_model(loaded.model, method, group_size=32, progress=False)
+    save_artifact(loaded.model, loaded.path, tmp_path / "q", method, 32)
+    reloaded = load_model(tmp_path / "q", "bfloat16")
+    assert reloaded.quantization == f"{method}-g32"
+    ids = torch.arange(2, 30)
+
+    def logits(model):
+        attn = ContiguousAttention(model.config, len(ids), torch.bfloat16)
+        attn.begin_step(0, len(ids))
+        return model.compute_logits(model(ids, torch.arange(len(ids)), attn))
+
+    assert torch.equal(logits(loaded.model), logits(reloaded.model))
+
+
+def test_quantize_cli_and_cached_tier_artifact(tmp_path):
+    import subprocess
+    import sys
+
+    from gateway.quantize_cmd import ensure_quantized
+    from tests.tiny_models import write_tiny_checkpoint
+
+    write_tiny_checkpoint(tmp_path / "src", intermediate_size=128)
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "gateway.cli", "quantize", "--method", "int8", "--model",
+                           str(tmp_path / "src"), "--out", str(out)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert (out / "quantization_config.json").is_file() and (out / "tokenizer.json").is_file()
+    first = ensure_quantized(str(tmp_path / "src"), "int4-rtn", 32, cache_root=tmp_path / "cache")
+    stamp = (first / "model.safetensors").stat().st_mtime_ns
+    again = ensure_quantized(str(tmp_path / "src"), "int4-rtn", 32, cache_root=tmp_path / "cache")
+    assert again == first and (again / "model.safetensors").stat().st_mtime_ns == stamp

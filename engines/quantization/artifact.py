@@ -1,0 +1,101 @@
+"""Quantized checkpoints on disk: what `tiergate quantize` writes and the engine loads.
+
+A directory with the source model's config.json and tokenizer files, a
+quantization_config.json (method, group size, quantized module names) and one
+model.safetensors holding every tensor under our own module names: quantized linears in a
+portable form (int8 + scales; int4 nibbles + scales + zeros; fp8 + scales), everything else
+(embeddings, norms — AWQ's folded scales included — biases) as is.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from engines.errors import ModelLoadError
+from engines.model import LlamaForCausalLM
+from engines.model.layers import Linear
+from engines.quantization.fp8 import Fp8Linear
+from engines.quantization.int4 import Int4Linear, unpack_nibbles
+from engines.quantization.int8 import Int8Linear
+
+QCONFIG_NAME = "quantization_config.json"
+FORMAT_VERSION = 1
+_QUANTIZED = (Int8Linear, Int4Linear, Fp8Linear)
+
+
+def is_quantized_dir(path: Path) -> bool:
+    return (path / QCONFIG_NAME).is_file()
+
+
+def save_artifact(model: LlamaForCausalLM, source_dir: Path, out_dir: Path, method: str, group_size: int,
+                  extra: dict | None = None) -> None:
+    tensors: dict[str, torch.Tensor] = {}
+    modules = []
+    for name, module in model.named_modules():
+        if isinstance(module, _QUANTIZED):
+            if module.portable is None:
+                raise ValueError(f"{name} was loaded from an artifact and cannot be re-saved")
+            modules.append(name)
+            for key, value in module.portable.items():
+                tensors[f"{name}.{key}"] = value.contiguous()
+    for name, param in model.named_parameters():
+        tensors[name] = param.detach().contiguous()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "tiergate-quantized"})
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        if (source_dir / name).is_file():
+            shutil.copy(source_dir / name, out_dir / name)
+    qconfig = {"format_version": FORMAT_VERSION, "method": method, "group_size": group_size,
+               "dtype": str(model.dtype).removeprefix("torch."), "modules": modules, **(extra or {})}
+    (out_dir / QCONFIG_NAME).write_text(json.dumps(qconfig, indent=2))
+
+
+def read_qconfig(path: Path) -> dict:
+    try:
+        qconfig = json.loads((path / QCONFIG_NAME).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ModelLoadError(f"{path / QCONFIG_NAME} is unreadable ({exc})") from None
+    if qconfig.get("format_version") != FORMAT_VERSION:
+        raise ModelLoadError(f"{path} has quantized format {qconfig.get('format_version')}, expected {FORMAT_VERSION}")
+    return qconfig
+
+
+def load_artifact_into(model: LlamaForCausalLM, path: Path) -> dict:
+    """Replace the model's linears by the stored quantized ones and load every other tensor."""
+    qconfig = read_qconfig(path)
+    try:
+        tensors = load_file(str(path / "model.safetensors"))
+    except Exception as exc:  # safetensors raises several types for corrupt files
+        raise ModelLoadError(f"{path / 'model.safetensors'} is not readable ({exc})") from None
+    method, group = qconfig["method"], qconfig["group_size"]
+    for name in qconfig["modules"]:
+        parent_name, _, attr = name.rpartition(".")
+        old = model.get_submodule(name)
+        if not isinstance(old, Linear):
+            raise ModelLoadError(f"{path}: {name} is not a linear layer of this model")
+        bias = tensors.get(f"{name}.bias")
+        if method == "int8":
+            new = Int8Linear(None, bias, q=tensors[f"{name}.qweight"], scales=tensors[f"{name}.scales"])
+        elif method.startswith("int4"):
+            q = unpack_nibbles(tensors[f"{name}.q"])
+            new = Int4Linear(None, bias, group, q, tensors[f"{name}.scales"], tensors[f"{name}.zeros"],
+                             in_features=old.in_features)
+            new.portable = None  # the loaded model serves; it need not carry a second copy
+        elif method == "fp8":
+            new = Fp8Linear(None, bias, q=tensors[f"{name}.qweight"], scales=tensors[f"{name}.weight_scale"])
+        else:
+            raise ModelLoadError(f"{path}: unknown quantization method {method!r}")
+        setattr(model.get_submodule(parent_name), attr, new)
+    params = dict(model.named_parameters())
+    missing = [n for n in params if n not in tensors]
+    if missing:
+        raise ModelLoadError(f"{path} lacks tensor {missing[0]!r}")
+    with torch.no_grad():
+        for name, param in params.items():
+            param.copy_(tensors[name].to(param.dtype))
+    return qconfig
