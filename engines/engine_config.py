@@ -22,3 +22,6 @@ class EngineConfig:
             raise ValueError("block_size, max_num_seqs and max_num_batched_tokens must be positive")
         if self.kv_cache_memory_bytes <= 0:
             raise ValueError("kv_cache_memory_bytes must be positive")
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            # Otherwise decoding sequences beyond the budget would wait while older ones run.
+            raise ValueError("max_num_batched_tokens must be at least max_num_seqs")

@@ -6,8 +6,10 @@ Compiling needs a C++ compiler; without one the callers fall back to torch refer
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
 import os
+import platform
 import time
 from pathlib import Path
 from types import ModuleType
@@ -18,9 +20,18 @@ _SOURCES = ("vector_math.cpp", "attention_fp32.cpp", "attention_bf16.cpp", "page
 _FUNCTIONS = ("paged_attention", "write_kv", "add_rms_norm", "silu_mul")
 
 
+def _cpu_fingerprint() -> str:
+    """The build uses -march=native: a cache shared by different CPUs must not mix builds."""
+    try:
+        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
+    except (OSError, StopIteration):
+        flags = platform.processor() or platform.machine()
+    return hashlib.sha256(flags.encode()).hexdigest()[:10]
+
+
 def _build_dir() -> Path:
     root = os.environ.get("TIERGATE_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "tiergate"
-    path = Path(root) / "torch_extensions"
+    path = Path(root) / "torch_extensions" / _cpu_fingerprint()
     path.mkdir(parents=True, exist_ok=True)
     return path
 

@@ -40,6 +40,12 @@ class EmbeddedTier(_Strict):
         None, description="weight quantization; the artifact is built and cached on first start")
     quant_group_size: Literal[32, 64, 128, 256] = 128
 
+    @model_validator(mode="after")
+    def _budget_covers_batch(self) -> "EmbeddedTier":
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError("max_num_batched_tokens must be at least max_num_seqs")
+        return self
+
 
 class GatewayConfig(_Strict):
     server: ServerConfig = ServerConfig()

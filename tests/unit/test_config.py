@@ -18,6 +18,8 @@ def test_default_config_is_valid():
     ("tiers: {}\n", "at least one tier"),
     ("tiers:\n  small: {}\ndefault_tier: big\n", "default_tier"),
     ("tiers: [unclosed\n", "not valid YAML"),
+    ("tiers:\n  small:\n    max_num_seqs: 64\n    max_num_batched_tokens: 32\n", "at least max_num_seqs"),
+    ("tiers:\n  small:\n    quantization: int3\n", "tiers.small.quantization"),
 ])
 def test_bad_config_names_field_and_reason(tmp_path, text, needle):
     path = tmp_path / "c.yaml"
