@@ -7,8 +7,9 @@ that input, so the model is unchanged in exact arithmetic but the important chan
 less to rounding. The per-channel scale is s = mean|x|^alpha, alpha grid-searched per group
 to minimise the group's output error after quantization. Then each linear's quantization
 range is clipped per (output row, group), the clip ratio searched the same way.
-(o_proj is only clipped: with grouped-query attention its input channels cannot be scaled
-through v_proj independently.)
+For o_proj, whose input is the attention output, the scale is folded into v_proj's rows;
+with grouped-query attention the query heads sharing a KV head must share that scale, so
+it is searched per (KV head, head dim) and repeated over the group.
 """
 
 from __future__ import annotations
@@ -56,11 +57,14 @@ def capture_inputs(model: LlamaForCausalLM, sequences: list[list[int]]) -> dict[
     return {name: torch.cat(chunks) for name, chunks in store.items()}
 
 
-def search_scale(weight: torch.Tensor, x: torch.Tensor, group: int) -> torch.Tensor:
-    """Per-input-channel scale minimising || x W^T - x (Q(W s) / s)^T ||^2 over alpha."""
+def search_scale(weight: torch.Tensor, x: torch.Tensor, group: int, tie=None) -> torch.Tensor:
+    """Per-input-channel scale minimising || x W^T - x (Q(W s) / s)^T ||^2 over alpha.
+    `tie` maps per-channel magnitudes to shared ones (channels that must share a scale)."""
     w = weight.float()
     ref = x @ w.t()
     mean_abs = x.abs().mean(dim=0).clamp_min(1e-6)
+    if tie is not None:
+        mean_abs = tie(mean_abs)
     best_err, best = float("inf"), torch.ones_like(mean_abs)
     for alpha in ALPHAS:
         s = mean_abs.pow(alpha)
@@ -92,6 +96,13 @@ def clip_and_quantize(weight: torch.Tensor, x: torch.Tensor, group: int):
     return quantize_int4(best.view(n, kp), group)
 
 
+def _tie_gqa(per_channel: torch.Tensor, attn) -> torch.Tensor:
+    """Average magnitudes over the query heads that read the same KV head, and repeat."""
+    g = attn.n_heads // attn.n_kv
+    shared = per_channel.view(attn.n_kv, g, attn.head_dim).mean(dim=1, keepdim=True)
+    return shared.expand(attn.n_kv, g, attn.head_dim).reshape(-1)
+
+
 @torch.no_grad()
 def awq_quantize(model: LlamaForCausalLM, sequences: list[list[int]], group_size: int = 128,
                  search_tokens: int = 512, progress: bool = True) -> int:
@@ -110,6 +121,14 @@ def awq_quantize(model: LlamaForCausalLM, sequences: list[list[int]], group_size
         layer.input_layernorm.weight.div_(s)
         attn.qkv_proj.weight.mul_(s.to(attn.qkv_proj.weight.dtype))
         x["qkv"] = x["qkv"] / s
+        s = search_scale(attn.o_proj.weight, x["o"], group_size, tie=lambda a: _tie_gqa(a, attn))
+        v_rows = slice(attn.q_size + attn.kv_size, attn.q_size + 2 * attn.kv_size)
+        s_v = s.view(attn.n_kv, attn.n_heads // attn.n_kv, attn.head_dim)[:, 0].reshape(-1)
+        attn.qkv_proj.weight[v_rows].div_(s_v.to(attn.qkv_proj.weight.dtype)[:, None])
+        if attn.qkv_proj.bias is not None:
+            attn.qkv_proj.bias[v_rows].div_(s_v.to(attn.qkv_proj.bias.dtype))
+        attn.o_proj.weight.mul_(s.to(attn.o_proj.weight.dtype))
+        x["o"] = x["o"] / s
         s = search_scale(mlp.gate_up_proj.weight, x["gate_up"], group_size)
         layer.post_attention_layernorm.weight.div_(s)
         mlp.gate_up_proj.weight.mul_(s.to(mlp.gate_up_proj.weight.dtype))

@@ -193,3 +193,36 @@ def test_quantize_cli_and_cached_tier_artifact(tmp_path):
     stamp = (first / "model.safetensors").stat().st_mtime_ns
     again = ensure_quantized(str(tmp_path / "src"), "int4-rtn", 32, cache_root=tmp_path / "cache")
     assert again == first and (again / "model.safetensors").stat().st_mtime_ns == stamp
+
+
+def test_awq_scale_folding_preserves_the_function(tmp_path, monkeypatch):
+    """With rounding switched off, AWQ's scaled and folded model equals the original: the
+    scales moved into norms, v_proj rows (shared per KV head) and up_proj rows cancel out."""
+    import engines.quantization.awq as awq
+    from engines.attention.contiguous import ContiguousAttention
+    from engines.loaded_model import load_model
+    from tests.tiny_models import write_tiny_checkpoint
+
+    class Unrounded(torch.nn.Module):
+        def __init__(self, weight, bias, *_args, **_kwargs):
+            super().__init__()
+            self.weight, self.bias = weight.detach().clone(), bias
+
+        def forward(self, x):
+            return torch.nn.functional.linear(x, self.weight, self.bias)
+
+    monkeypatch.setattr(awq, "Int4Linear", Unrounded)
+    monkeypatch.setattr(awq, "clip_and_quantize", lambda *_args: (None, None, None))
+    write_tiny_checkpoint(tmp_path, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128)
+    ref = load_model(tmp_path, "float32").model
+    folded = load_model(tmp_path, "float32").model
+    awq.awq_quantize(folded, [list(range(1, 60))], group_size=32, progress=False)
+    assert not torch.equal(folded.layers[0].input_layernorm.weight, ref.layers[0].input_layernorm.weight)
+    ids = torch.arange(5, 45)
+
+    def logits(model):
+        attn = ContiguousAttention(model.config, len(ids), torch.float32)
+        attn.begin_step(0, len(ids))
+        return model.compute_logits(model(ids, torch.arange(len(ids)), attn))
+
+    torch.testing.assert_close(logits(folded), logits(ref), atol=1e-4, rtol=1e-4)
