@@ -10,6 +10,7 @@ import hashlib
 import logging
 import os
 import platform
+import sys
 import time
 from pathlib import Path
 from types import ModuleType
@@ -20,18 +21,22 @@ _SOURCES = ("vector_math.cpp", "attention_fp32.cpp", "attention_bf16.cpp", "page
 _FUNCTIONS = ("paged_attention", "write_kv", "add_rms_norm", "silu_mul")
 
 
-def _cpu_fingerprint() -> str:
-    """The build uses -march=native: a cache shared by different CPUs must not mix builds."""
+def _build_fingerprint() -> str:
+    """One build per (CPU, Python environment): the build uses -march=native, and torch's
+    build check treats another environment's include paths as a change and rebuilds."""
+    import torch
+
     try:
         flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
     except (OSError, StopIteration):
         flags = platform.processor() or platform.machine()
-    return hashlib.sha256(flags.encode()).hexdigest()[:10]
+    ident = f"{flags}|{sys.prefix}|{torch.__version__}"
+    return hashlib.sha256(ident.encode()).hexdigest()[:10]
 
 
 def _build_dir() -> Path:
     root = os.environ.get("TIERGATE_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "tiergate"
-    path = Path(root) / "torch_extensions" / _cpu_fingerprint()
+    path = Path(root) / "torch_extensions" / _build_fingerprint()
     path.mkdir(parents=True, exist_ok=True)
     return path
 
