@@ -13,6 +13,7 @@ from engines.chat_template import ChatTemplate
 from engines.errors import ModelLoadError
 from engines.loaders.default_model import default_gguf_path
 from engines.loaders.gguf_cache import materialize_gguf
+from engines.loaders.hf_awq import awq_group_size, install_awq_linears
 from engines.loaders.hf_checkpoint import open_hf_checkpoint
 from engines.model import LlamaForCausalLM
 from engines.model.weights import load_hf_state_dict
@@ -81,7 +82,12 @@ def load_model(
         qconfig = load_artifact_into(model, ckpt.path)
         quantization = f"{qconfig['method']}-g{qconfig['group_size']}"
     else:
-        load_hf_state_dict(model, ckpt.load_tensors())
+        tensors = ckpt.load_tensors()
+        awq_group = awq_group_size(ckpt.raw_config)
+        if awq_group is not None:
+            install_awq_linears(model, tensors, awq_group)
+            quantization = f"awq-checkpoint-g{awq_group}"
+        load_hf_state_dict(model, tensors)
     model.eval()
     model.pack_weights()
     log.info("loaded %s (%s%s) in %.1fs", ckpt.path.name, torch_dtype,

@@ -20,7 +20,8 @@ _SINGLE = ("self_attn.o_proj", "mlp.down_proj", "input_layernorm", "post_attenti
 
 
 def load_hf_state_dict(model: LlamaForCausalLM, hf: Mapping[str, torch.Tensor]) -> None:
-    """Copy HF-named tensors into `model`, fusing q/k/v and gate/up. Fails on any gap."""
+    """Copy HF-named tensors into `model`, fusing q/k/v and gate/up. Fails on any gap.
+    Linears stored quantized (`qweight`) were installed by their loader and are skipped."""
     cfg = model.config
     ours: dict[str, torch.Tensor] = {"embed_tokens.weight": _get(hf, "model.embed_tokens.weight")}
     ours["norm.weight"] = _get(hf, "model.norm.weight")
@@ -29,12 +30,16 @@ def load_hf_state_dict(model: LlamaForCausalLM, hf: Mapping[str, torch.Tensor]) 
     for i in range(cfg.num_hidden_layers):
         prefix = f"model.layers.{i}."
         for fused, parts in _FUSED.items():
+            if f"{prefix}{parts[0]}.qweight" in hf:
+                continue
             for suffix in ("weight", "bias"):
                 names = [f"{prefix}{p}.{suffix}" for p in parts]
                 if suffix == "bias" and names[0] not in hf:
                     continue
                 ours[f"layers.{i}.{fused}.{suffix}"] = torch.cat([_get(hf, n) for n in names], dim=0)
         for single in _SINGLE:
+            if f"{prefix}{single}.qweight" in hf:
+                continue
             for suffix in ("weight", "bias"):
                 name = f"{prefix}{single}.{suffix}"
                 if suffix == "weight" or name in hf:
