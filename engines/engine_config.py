@@ -14,7 +14,7 @@ class EngineConfig:
     max_model_len: int | None = None          # default: the model's max_position_embeddings
     enable_prefix_caching: bool = True
     headroom_fraction: float = 0.01           # blocks kept free at admission for running sequences to grow
-    kv_cache_dtype: str | None = None         # default: the model's dtype
+    kv_cache_dtype: str | None = None         # default: the model's dtype; or "int8" (per-token, per-head scales)
     seed: int | None = None                   # sampler seed for unseeded requests
 
     def __post_init__(self) -> None:

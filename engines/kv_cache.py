@@ -27,6 +27,14 @@ class KVPool:
         self.pack = p
         self.k = torch.zeros((layers, heads, num_blocks, d // p, block_size, p), dtype=dtype, device=device)
         self.v = torch.zeros((layers, heads, num_blocks, block_size // p, d, p), dtype=dtype, device=device)
+        # int8 KV: one fp16 scale per (layer, KV head, token slot) for K and for V.
+        self.k_scale = self.v_scale = None
+        if dtype == torch.int8:
+            self.k_scale = torch.ones((layers, heads, num_blocks, block_size), dtype=torch.float16, device=device)
+            self.v_scale = torch.ones_like(self.k_scale)
+
+    def scales(self, layer: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        return None if self.k_scale is None else (self.k_scale[layer], self.v_scale[layer])
 
     @property
     def capacity_tokens(self) -> int:
@@ -34,12 +42,14 @@ class KVPool:
 
     @property
     def nbytes(self) -> int:
-        return self.k.nbytes + self.v.nbytes
+        scales = 0 if self.k_scale is None else self.k_scale.nbytes + self.v_scale.nbytes
+        return self.k.nbytes + self.v.nbytes + scales
 
     @staticmethod
     def bytes_per_block(cfg: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
         elem = torch.empty((), dtype=dtype).element_size()
-        return 2 * cfg.num_hidden_layers * block_size * cfg.num_key_value_heads * cfg.head_dim * elem
+        per_token_head = cfg.head_dim * elem + (2 if dtype == torch.int8 else 0)   # + the fp16 scale
+        return 2 * cfg.num_hidden_layers * block_size * cfg.num_key_value_heads * per_token_head
 
     @classmethod
     def blocks_for_budget(cls, cfg: ModelConfig, memory_bytes: int, block_size: int, dtype: torch.dtype) -> int:

@@ -26,6 +26,15 @@ from engines.stats import EngineStats
 log = logging.getLogger(__name__)
 
 
+def _kv_dtype(name: str | None, model_dtype):
+    if not name:
+        return model_dtype
+    if name == "int8":
+        import torch
+        return torch.int8
+    return parse_dtype(name)
+
+
 @dataclass
 class RequestOutput:
     request_id: str
@@ -53,7 +62,7 @@ class LLMEngine:
         keep_freed_memory()
         cfg = loaded.config
         self.max_model_len = min(config.max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings)
-        kv_dtype = parse_dtype(config.kv_cache_dtype) if config.kv_cache_dtype else loaded.dtype
+        kv_dtype = _kv_dtype(config.kv_cache_dtype, loaded.dtype)
         num_blocks = KVPool.blocks_for_budget(cfg, config.kv_cache_memory_bytes, config.block_size, kv_dtype)
         if num_blocks < 2:
             raise ValueError(f"kv_cache_memory_bytes={config.kv_cache_memory_bytes} holds fewer than 2 blocks")

@@ -52,7 +52,7 @@ def _build_parser() -> argparse.ArgumentParser:
     ppl.add_argument("--json", required=True, dest="json_out")
     ppl.add_argument("--quant", action="append", dest="variants",
                      help="variant to evaluate (repeatable): fp32, bf16, int8, int4-rtn-g64, int4-rtn-g128, "
-                          "int4-awq-g64, int4-awq-g128, fp8")
+                          "int4-awq-g64, int4-awq-g128, fp8, kv-bf16, kv-int8")
     ppl.add_argument("--sequences", type=int, default=24)
 
     bench = sub.add_parser("bench", help="benchmarks that write JSON")

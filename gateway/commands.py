@@ -70,7 +70,8 @@ def serve(config_path: str, host: str | None, port: int | None) -> int:
     engine = LLMEngine(loaded, EngineConfig(
         kv_cache_memory_bytes=int(tier.kv_cache_memory), block_size=tier.block_size,
         max_num_seqs=tier.max_num_seqs, max_num_batched_tokens=tier.max_num_batched_tokens,
-        max_model_len=tier.max_model_len, enable_prefix_caching=tier.enable_prefix_caching))
+        max_model_len=tier.max_model_len, enable_prefix_caching=tier.enable_prefix_caching,
+        kv_cache_dtype=tier.kv_cache_dtype))
     app = build_app(AsyncEngine(engine), tier.served_name or tier_name)
     uvicorn.run(app, host=host or cfg.server.host, port=port if port is not None else cfg.server.port,
                 log_level="info")

@@ -17,8 +17,9 @@ from types import ModuleType
 
 log = logging.getLogger(__name__)
 
-_SOURCES = ("vector_math.cpp", "attention_fp32.cpp", "attention_bf16.cpp", "paged_attention.cpp", "elementwise.cpp")
-_FUNCTIONS = ("paged_attention", "write_kv", "add_rms_norm", "silu_mul")
+_SOURCES = ("vector_math.cpp", "attention_fp32.cpp", "attention_bf16.cpp", "paged_attention.cpp", "kv_int8.cpp",
+            "elementwise.cpp")
+_FUNCTIONS = ("paged_attention", "write_kv", "paged_attention_int8", "write_kv_int8", "add_rms_norm", "silu_mul")
 
 
 def _build_fingerprint() -> str:

@@ -21,18 +21,43 @@ def write_kv_ref(k: torch.Tensor, v: torch.Tensor, k_pool: torch.Tensor, v_pool:
     v_pool[:, blocks, offsets // p, :, offsets % p] = v.to(v_pool.dtype)
 
 
-def gather_kv(k_pool: torch.Tensor, v_pool: torch.Tensor, block_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Blocks -> K, V as [Hkv, n_blocks * BS, D] in token order."""
+def gather_kv(k_pool: torch.Tensor, v_pool: torch.Tensor, block_ids: torch.Tensor,
+              scales: tuple[torch.Tensor, torch.Tensor] | None = None,
+              dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Blocks -> K, V as [Hkv, n_blocks * BS, D] in token order (dequantized with `scales`,
+    [Hkv, NB, BS] each, for an int8 pool)."""
     hkv, _, _, bs, p = k_pool.shape
     d = v_pool.shape[3]
     n = block_ids.numel()
     keys = k_pool.index_select(1, block_ids).permute(0, 1, 3, 2, 4).reshape(hkv, n * bs, d)
     values = v_pool.index_select(1, block_ids).permute(0, 1, 2, 4, 3).reshape(hkv, n * bs, d)
+    if scales is not None:
+        ks, vs = (sc.index_select(1, block_ids).reshape(hkv, n * bs, 1).float() for sc in scales)
+        keys, values = keys.float() * ks, values.float() * vs
+    if dtype is not None:
+        keys, values = keys.to(dtype), values.to(dtype)
     return keys, values
 
 
+def write_kv_int8_ref(k: torch.Tensor, v: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
+                      k_scale: torch.Tensor, v_scale: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """Quantize k, v per (token, KV head) to int8 with an fp16 scale and store them."""
+    bs = k_pool.shape[3]
+    blocks, offsets = slot_mapping // bs, slot_mapping % bs
+    for x, pool, scale in ((k, k_pool, k_scale), (v, v_pool, v_scale)):
+        amax = x.float().abs().amax(dim=-1)                                   # [T, Hkv]
+        s16 = torch.where(amax > 0, amax / 127, torch.ones_like(amax)).to(torch.float16)
+        q = torch.round(x.float() / s16.float()[..., None]).clamp(-127, 127).to(torch.int8)
+        scale[:, blocks, offsets] = s16.t()
+        if pool is k_pool:
+            pool[:, blocks, :, offsets, :] = q.unsqueeze(-1)
+        else:
+            pool[:, blocks, offsets, :, torch.zeros_like(offsets)] = q     # advanced dims first: [T, Hkv, D]
+
+
 def paged_attention_ref(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, block_tables: torch.Tensor,
-                        seq_of_token: torch.Tensor, context_lens: torch.Tensor, scale: float) -> torch.Tensor:
+                        seq_of_token: torch.Tensor, context_lens: torch.Tensor, scale: float,
+                        kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """q: [T, Hq, D]; block_tables: [S, max_blocks]; seq_of_token, context_lens: [T] -> [T, Hq, D].
 
     Token t attends over positions [0, context_lens[t]) of sequence seq_of_token[t]; query
@@ -47,14 +72,15 @@ def paged_attention_ref(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Ten
     single = [rows[0] for rows in counts.values() if len(rows) == 1]
     if single:
         idx = torch.tensor(single)
-        out[idx] = _padded_batch(q[idx], k_pool, v_pool, block_tables[seq_of_token[idx]], context_lens[idx], scale)
+        out[idx] = _padded_batch(q[idx], k_pool, v_pool, block_tables[seq_of_token[idx]], context_lens[idx], scale,
+                                 kv_scales)
     for s, rows in counts.items():
         if len(rows) == 1:
             continue
         idx = torch.tensor(rows)
         lens = context_lens[idx]
         n_blocks = -(-int(lens.max()) // k_pool.shape[3])
-        keys, values = gather_kv(k_pool, v_pool, block_tables[s, :n_blocks])
+        keys, values = gather_kv(k_pool, v_pool, block_tables[s, :n_blocks], kv_scales, q.dtype)
         out[idx] = _attend(q[idx], keys, values, lens, scale)
     return out
 
@@ -71,12 +97,12 @@ def _attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, lens: tor
     return out.view(hq, n, d).transpose(0, 1)
 
 
-def _padded_batch(q, k_pool, v_pool, tables, lens, scale):
+def _padded_batch(q, k_pool, v_pool, tables, lens, scale, kv_scales=None):
     """One query token per sequence, all sequences in one padded gather."""
     b, hq, d = q.shape
     hkv = k_pool.shape[0]
     n_blocks = -(-int(lens.max()) // k_pool.shape[3])
-    keys, values = gather_kv(k_pool, v_pool, tables[:, :n_blocks].reshape(-1))
+    keys, values = gather_kv(k_pool, v_pool, tables[:, :n_blocks].reshape(-1), kv_scales, q.dtype)
     length = keys.shape[1] // b
     keys, values = keys.view(hkv, b, length, d), values.view(hkv, b, length, d)
     qg = q.view(b, hkv, hq // hkv, d).transpose(0, 1)                      # [Hkv, B, G, D]

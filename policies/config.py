@@ -39,6 +39,7 @@ class EmbeddedTier(_Strict):
     quantization: Literal["int8", "int4-rtn", "int4-awq", "fp8"] | None = Field(
         None, description="weight quantization; the artifact is built and cached on first start")
     quant_group_size: Literal[32, 64, 128, 256] = 128
+    kv_cache_dtype: Literal["int8"] | None = Field(None, description="None: the model dtype")
 
     @model_validator(mode="after")
     def _budget_covers_batch(self) -> "EmbeddedTier":

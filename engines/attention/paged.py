@@ -55,6 +55,7 @@ class PagedAttention:
 
     def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         meta, pool = self.meta, self.pool
-        self.ops.write_kv(k, v, pool.k[layer], pool.v[layer], meta.slot_mapping)
+        scales = pool.scales(layer)
+        self.ops.write_kv(k, v, pool.k[layer], pool.v[layer], meta.slot_mapping, scales)
         return self.ops.paged_attention(q, pool.k[layer], pool.v[layer], meta.block_tables, meta.seq_of_token,
-                                        meta.context_lens, q.shape[-1] ** -0.5)
+                                        meta.context_lens, q.shape[-1] ** -0.5, scales)

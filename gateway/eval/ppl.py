@@ -11,6 +11,8 @@ from rich.console import Console
 from rich.table import Table
 
 from engines.attention.contiguous import ContiguousAttention
+from engines.attention.paged import build_step_metadata
+from engines.sequence import Sequence
 from engines.engine_config import EngineConfig
 from engines.llm_engine import LLMEngine
 from engines.loaded_model import load_model
@@ -21,11 +23,14 @@ from engines.quantization.awq import awq_quantize
 from gateway.eval.calibration import calibration_sequences
 from gateway.eval.heldout import heldout_sequences
 
-DEFAULT_VARIANTS = ("fp32", "bf16", "int8", "int4-rtn-g64", "int4-rtn-g128", "int4-awq-g64", "int4-awq-g128", "fp8")
+DEFAULT_VARIANTS = ("fp32", "bf16", "int8", "int4-rtn-g64", "int4-rtn-g128", "int4-awq-g64", "int4-awq-g128", "fp8",
+                    "kv-bf16", "kv-int8")
+# KV variants: bf16 weights, logits computed through the paged KV pool of that dtype.
+KV_VARIANTS = {"kv-bf16": None, "kv-int8": "int8"}
 
 
 def _load_variant(name: str):
-    if name in ("fp32", "bf16"):
+    if name in ("fp32", "bf16") or name in KV_VARIANTS:
         return load_model("default", "float32" if name == "fp32" else "bfloat16")
     loaded = load_model("default", "bfloat16")
     method, _, group = name.partition("-g")
@@ -44,9 +49,25 @@ def _logits(model, ids: list[int]) -> torch.Tensor:
     return model.compute_logits(hidden)
 
 
-def _decode_speed(loaded, prompts: list[list[int]], batch: int, new_tokens: int = 64, runs: int = 2) -> float:
+def _paged_logits(engine: LLMEngine, ids: list[int]) -> torch.Tensor:
+    """All positions' logits of one prefill through the engine's paged pool (so K/V are
+    stored, and read back, in the pool's dtype)."""
+    seq = Sequence("eval", list(ids), SamplingParams())
+    if not engine.block_manager.try_admit(seq):
+        raise RuntimeError("KV pool too small for an evaluation sequence")
+    try:
+        attn = engine.runner.attn
+        attn.prepare(build_step_metadata(engine.pool.block_size, [(seq.block_table, 0, len(ids))]))
+        model = engine.loaded.model
+        return model.compute_logits(model(torch.tensor(ids), torch.arange(len(ids)), attn))
+    finally:
+        engine.block_manager.free(seq)
+
+
+def _decode_speed(loaded, prompts: list[list[int]], batch: int, new_tokens: int = 64, runs: int = 2,
+                  kv: str | None = None) -> float:
     """Output tokens/s of the batching engine; the best of `runs` (the machine is shared)."""
-    engine = LLMEngine(loaded, EngineConfig(kv_cache_memory_bytes=256 * 2**20, max_num_seqs=batch))
+    engine = LLMEngine(loaded, EngineConfig(kv_cache_memory_bytes=256 * 2**20, max_num_seqs=batch, kv_cache_dtype=kv))
     params = SamplingParams(max_tokens=new_tokens, temperature=0, ignore_eos=True)
     batch_prompts = [p[:128] for p in (prompts * batch)[:batch]]
     engine.generate(batch_prompts[:1], SamplingParams(max_tokens=2, temperature=0))   # warm-up
@@ -71,9 +92,13 @@ def run_ppl_eval(json_out: str, variants: list[str], n_sequences: int) -> int:
     for name in variants:
         console.log(f"evaluating {name}")
         loaded = reference if name == "fp32" else _load_variant(name)
+        kv_engine = None
+        if name in KV_VARIANTS:
+            kv_engine = LLMEngine(loaded, EngineConfig(kv_cache_memory_bytes=64 * 2**20, enable_prefix_caching=False,
+                                                       kv_cache_dtype=KV_VARIANTS[name]))
         nll, count, agree = 0.0, 0, 0
         for ids, top1 in zip(sequences, ref_top1):
-            logits = _logits(loaded.model, ids)[:-1]
+            logits = (_paged_logits(kv_engine, ids) if kv_engine else _logits(loaded.model, ids))[:-1]
             targets = torch.tensor(ids[1:])
             nll += float(torch.nn.functional.cross_entropy(logits, targets, reduction="sum"))
             count += len(targets)
@@ -82,8 +107,11 @@ def run_ppl_eval(json_out: str, variants: list[str], n_sequences: int) -> int:
             "perplexity": math.exp(nll / count),
             "top1_agreement_with_fp32": agree / count,
             "weight_bytes": weight_bytes(loaded.model),
-            "decode_tokens_per_s": {f"batch_{b}": _decode_speed(loaded, sequences, b) for b in (1, 32)},
+            "decode_tokens_per_s": {f"batch_{b}": _decode_speed(loaded, sequences, b, kv=KV_VARIANTS.get(name))
+                                    for b in (1, 32)},
         }
+        if kv_engine:
+            report["variants"][name]["kv_bytes_per_token"] = kv_engine.pool.nbytes // kv_engine.pool.capacity_tokens
     base = report["variants"].get("fp32", {}).get("perplexity")
     if base:
         for entry in report["variants"].values():

@@ -31,6 +31,12 @@ inline v16f load16(const float* p) {
   std::memcpy(&r, p, 64);
   return r;
 }
+inline v16f load16(const int8_t* p) {
+  typedef int8_t v16b __attribute__((vector_size(16)));
+  v16b b;
+  std::memcpy(&b, p, 16);
+  return __builtin_convertvector(b, v16f);
+}
 inline v16f load16(const uint16_t* p) {
   typedef uint16_t v16h __attribute__((vector_size(32)));
   typedef uint32_t v16u __attribute__((vector_size(64)));
