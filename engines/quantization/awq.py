@@ -14,6 +14,8 @@ it is searched per (KV head, head dim) and repeated over the group.
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 import torch.nn.functional as F
 from tqdm import tqdm
@@ -121,7 +123,7 @@ def awq_quantize(model: LlamaForCausalLM, sequences: list[list[int]], group_size
         layer.input_layernorm.weight.div_(s)
         attn.qkv_proj.weight.mul_(s.to(attn.qkv_proj.weight.dtype))
         x["qkv"] = x["qkv"] / s
-        s = search_scale(attn.o_proj.weight, x["o"], group_size, tie=lambda a: _tie_gqa(a, attn))
+        s = search_scale(attn.o_proj.weight, x["o"], group_size, tie=partial(_tie_gqa, attn=attn))
         v_rows = slice(attn.q_size + attn.kv_size, attn.q_size + 2 * attn.kv_size)
         s_v = s.view(attn.n_kv, attn.n_heads // attn.n_kv, attn.head_dim)[:, 0].reshape(-1)
         attn.qkv_proj.weight[v_rows].div_(s_v.to(attn.qkv_proj.weight.dtype)[:, None])

@@ -88,9 +88,9 @@ void attention_kernel(const QT* q, const ST* k_pool, const ST* v_pool, const int
 }
 
 template <typename QT, typename ST, int DIM, int GMAX>
-void attention_kernel_v16(const QT* q, const ST* k_pool, const ST* v_pool, const int64_t* tables, const int64_t* seqs,
-                       const int64_t* lens, QT* out, int64_t B, int64_t Hq, int64_t Hkv, int64_t NB,
-                       int64_t max_blocks, float scale) {
+void attention_kernel_v16(const QT* q, const ST* k_pool, const ST* v_pool, const at::Half* k_scale,
+                          const at::Half* v_scale, const int64_t* tables, const int64_t* seqs, const int64_t* lens,
+                          QT* out, int64_t B, int64_t Hq, int64_t Hkv, int64_t NB, int64_t max_blocks, float scale) {
   constexpr int BS = 16;
   constexpr int C = DIM / 16;   // 16-lane chunks per head row
   static_assert(DIM % 16 == 0, "head size must be a multiple of 16");
@@ -112,13 +112,24 @@ void attention_kernel_v16(const QT* q, const ST* k_pool, const ST* v_pool, const
       for (int64_t j = 0; j < n_blocks; ++j) {
         const int64_t block = tables[seqs[b] * max_blocks + j];
         const int n_tok = static_cast<int>(std::min<int64_t>(BS, ctx - j * BS));
-        const ST* kt = k_pool + (h * NB + block) * DIM * BS;
-        const ST* vb = v_pool + (h * NB + block) * BS * DIM;
+        const int64_t base = h * NB + block;
+        const ST* kt = k_pool + base * DIM * BS;
+        const ST* vb = v_pool + base * BS * DIM;
         v16f s[GMAX];
         for (int g = 0; g < GMAX; ++g) s[g] = v16f{};
         for (int d = 0; d < DIM; ++d) {
           const v16f kd = load16(kt + d * BS);
           for (int g = 0; g < GMAX; ++g) s[g] += qf[g][d] * kd;
+        }
+        // Quantized pools: a token's K scale multiplies its score, its V scale its probability.
+        alignas(64) float ks[BS], vs[BS];
+        if (k_scale != nullptr) {
+          for (int t = 0; t < BS; ++t) {
+            ks[t] = static_cast<float>(k_scale[base * BS + t]);
+            vs[t] = static_cast<float>(v_scale[base * BS + t]);
+          }
+          const v16f kscale = load16(ks);
+          for (int g = 0; g < GMAX; ++g) s[g] *= kscale;
         }
         alignas(64) float p[GMAX][BS];
         for (int g = 0; g < GMAX; ++g) {
@@ -137,6 +148,8 @@ void attention_kernel_v16(const QT* q, const ST* k_pool, const ST* v_pool, const
           m[g] = block_max;
           l[g] = l[g] * correction + sum;
           for (int c = 0; c < C; ++c) acc[g][c] *= correction;
+          if (v_scale != nullptr)
+            for (int t = 0; t < BS; ++t) p[g][t] *= vs[t];
         }
         for (int t = 0; t < n_tok; ++t) {
           const ST* vr = vb + t * DIM;

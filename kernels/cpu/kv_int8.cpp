@@ -1,8 +1,9 @@
 // INT8 KV cache for CPUs: K and V stored as int8 with one fp16 scale per (token, KV head),
 // K blocks transposed ([kv_heads, blocks, head_dim, block_size]) and V not
 // ([kv_heads, blocks, block_size, head_dim]), scales [kv_heads, blocks, block_size].
-// A token's K scale multiplies its score after the dot product and its V scale its
-// probability, so dequantization costs one multiply per token, not per element.
+// Attention reuses the 16-lane kernel of attention_fp32.cpp, which multiplies a token's
+// score by its K scale and its probability by its V scale: one multiply per token, not per
+// element.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -46,81 +47,6 @@ void write_int8_kernel(const T* k, const T* v, int8_t* k_pool, int8_t* v_pool, a
   });
 }
 
-template <typename QT, int DIM, int GMAX>
-void attention_int8_kernel(const QT* q, const int8_t* k_pool, const int8_t* v_pool, const at::Half* k_scale,
-                           const at::Half* v_scale, const int64_t* tables, const int64_t* seqs, const int64_t* lens,
-                           QT* out, int64_t B, int64_t Hq, int64_t Hkv, int64_t NB, int64_t max_blocks, float scale) {
-  constexpr int BS = 16, C = DIM / 16;
-  at::parallel_for(0, B * Hkv, 1, [&](int64_t begin, int64_t end) {
-    alignas(64) float qf[GMAX][DIM];
-    for (int64_t item = begin; item < end; ++item) {
-      const int64_t b = item / Hkv, h = item % Hkv;
-      const int64_t ctx = lens[b];
-      v16f acc[GMAX][C];
-      float m[GMAX], l[GMAX];
-      for (int g = 0; g < GMAX; ++g) {
-        const QT* qrow = q + (b * Hq + h * GMAX + g) * DIM;
-        for (int d = 0; d < DIM; ++d) qf[g][d] = static_cast<float>(qrow[d]) * scale;
-        for (int c = 0; c < C; ++c) acc[g][c] = v16f{};
-        m[g] = -std::numeric_limits<float>::infinity();
-        l[g] = 0.f;
-      }
-      const int64_t n_blocks = (ctx + BS - 1) / BS;
-      for (int64_t j = 0; j < n_blocks; ++j) {
-        const int64_t block = tables[seqs[b] * max_blocks + j];
-        const int n_tok = static_cast<int>(std::min<int64_t>(BS, ctx - j * BS));
-        const int64_t base = h * NB + block;
-        const int8_t* kt = k_pool + base * DIM * BS;
-        const int8_t* vb = v_pool + base * BS * DIM;
-        alignas(64) float ks[BS], vs[BS];
-        for (int t = 0; t < BS; ++t) {
-          ks[t] = static_cast<float>(k_scale[base * BS + t]);
-          vs[t] = static_cast<float>(v_scale[base * BS + t]);
-        }
-        v16f s[GMAX];
-        for (int g = 0; g < GMAX; ++g) s[g] = v16f{};
-        for (int d = 0; d < DIM; ++d) {
-          const v16f kd = load16(kt + d * BS);
-          for (int g = 0; g < GMAX; ++g) s[g] += qf[g][d] * kd;
-        }
-        const v16f kscale = load16(ks);
-        alignas(64) float p[GMAX][BS];
-        for (int g = 0; g < GMAX; ++g) {
-          alignas(64) float sc[BS];
-          const v16f scaled = s[g] * kscale;
-          std::memcpy(sc, &scaled, 64);
-          float block_max = m[g];
-          for (int t = 0; t < n_tok; ++t) block_max = std::max(block_max, sc[t]);
-          const float correction = std::exp(m[g] - block_max);
-          float sum = 0.f;
-          for (int t = 0; t < BS; ++t) {
-            const float e = t < n_tok ? std::exp(sc[t] - block_max) : 0.f;
-            sum += e;
-            p[g][t] = e * vs[t];     // the V scale rides on the probability
-          }
-          m[g] = block_max;
-          l[g] = l[g] * correction + sum;
-          for (int c = 0; c < C; ++c) acc[g][c] *= correction;
-        }
-        for (int t = 0; t < n_tok; ++t) {
-          const int8_t* vr = vb + t * DIM;
-          for (int c = 0; c < C; ++c) {
-            const v16f vv = load16(vr + c * 16);
-            for (int g = 0; g < GMAX; ++g) acc[g][c] += p[g][t] * vv;
-          }
-        }
-      }
-      for (int g = 0; g < GMAX; ++g) {
-        QT* orow = out + (b * Hq + h * GMAX + g) * DIM;
-        const float inv = l[g] > 0.f ? 1.f / l[g] : 0.f;
-        alignas(64) float row[DIM];
-        std::memcpy(row, acc[g], sizeof(row));
-        for (int d = 0; d < DIM; ++d) orow[d] = static_cast<QT>(row[d] * inv);
-      }
-    }
-  });
-}
-
 template <typename QT>
 bool attention_int8_dispatch(const QT* q, const int8_t* k, const int8_t* v, const at::Half* ks, const at::Half* vs,
                              const int64_t* tables, const int64_t* seqs, const int64_t* lens, QT* out, int64_t B,
@@ -128,8 +54,8 @@ bool attention_int8_dispatch(const QT* q, const int8_t* k, const int8_t* v, cons
   const int64_t G = Hq / Hkv;
 #define TG_I8(DIM_, G_)                                                                                       \
   if (D == DIM_ && G == G_) {                                                                                 \
-    attention_int8_kernel<QT, DIM_, G_>(q, k, v, ks, vs, tables, seqs, lens, out, B, Hq, Hkv, NB, max_blocks, \
-                                        scale);                                                               \
+    attention_kernel_v16<QT, int8_t, DIM_, G_>(q, k, v, ks, vs, tables, seqs, lens, out, B, Hq, Hkv, NB,     \
+                                               max_blocks, scale);                                            \
     return true;                                                                                              \
   }
   TG_I8(64, 1) TG_I8(64, 2) TG_I8(64, 3) TG_I8(64, 4) TG_I8(64, 8)

@@ -49,7 +49,8 @@ void attention_dispatch(const QT* q, const ST* k, const ST* v, const int64_t* ta
 #endif
 #define TG_V16(DIM_, G_)                                                                              \
   if (P == 1 && D == DIM_ && BS == 16 && G == G_) {                                                  \
-    attention_kernel_v16<QT, ST, DIM_, G_>(q, k, v, tables, seqs, lens, out, B, Hq, Hkv, NB, max_blocks, scale); \
+    attention_kernel_v16<QT, ST, DIM_, G_>(q, k, v, nullptr, nullptr, tables, seqs, lens, out, B, Hq, Hkv, NB,    \
+                                           max_blocks, scale);                                                \
     return;                                                                                           \
   }
   TG_V16(64, 1) TG_V16(64, 2) TG_V16(64, 3) TG_V16(64, 4) TG_V16(64, 8)

@@ -58,7 +58,7 @@ def test_sharded_checkpoint_loads_identically(tmp_path):
     assert (tmp_path / "sharded" / "model.safetensors.index.json").is_file()
     a = load_model(tmp_path / "one", "float32").model
     b = load_model(tmp_path / "sharded", "float32").model
-    for (name, pa), (_, pb) in zip(a.state_dict().items(), b.state_dict().items()):
+    for (name, pa), (_, pb) in zip(a.state_dict().items(), b.state_dict().items(), strict=True):
         assert torch.equal(pa, pb), name
 
 
