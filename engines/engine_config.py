@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engines.spec.config import SpeculativeConfig
+
 
 @dataclass
 class EngineConfig:
@@ -16,6 +18,7 @@ class EngineConfig:
     headroom_fraction: float = 0.01           # blocks kept free at admission for running sequences to grow
     kv_cache_dtype: str | None = None         # default: the model's dtype; or "int8" (per-token, per-head scales)
     seed: int | None = None                   # sampler seed for unseeded requests
+    speculative: SpeculativeConfig | None = None   # None: plain decoding
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:

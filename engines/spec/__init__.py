@@ -1,0 +1,1 @@
+"""Speculative decoding: draft sources, verification and rollback."""

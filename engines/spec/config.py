@@ -1,0 +1,27 @@
+"""Settings of speculative decoding for one engine."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+
+@dataclass
+class SpeculativeConfig:
+    method: Literal["ngram", "draft", "self"]
+    num_tokens: int = 4                       # k: the most draft tokens proposed per step
+    draft_model: str | None = None            # method "draft": a model sharing the target's tokenizer
+    draft_quantization: str | None = "int4-rtn"   # method "self": weights of the self-draft
+    draft_kv_cache_dtype: str | None = "int8"     # method "self": KV dtype of the self-draft
+    ngram_max: int = 4                        # method "ngram": longest suffix matched in the context
+    ngram_min: int = 1
+    adaptive: bool = True                     # adapt k to the measured acceptance rate
+    max_batch: int = 8                        # above this many running sequences, decode without speculation
+
+    def __post_init__(self) -> None:
+        if self.num_tokens < 1:
+            raise ValueError("num_tokens must be at least 1")
+        if self.method == "draft" and not self.draft_model:
+            raise ValueError("method 'draft' needs draft_model")
+        if not 1 <= self.ngram_min <= self.ngram_max:
+            raise ValueError("need 1 <= ngram_min <= ngram_max")
