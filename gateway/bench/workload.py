@@ -27,6 +27,7 @@ class BenchRequest:
     prompt: str  # the chat-templated prompt text
     prompt_ids: list[int]
     output_len: int
+    question: str = ""  # the raw first human turn, for clients that send chat messages
 
 
 def sharegpt_path() -> Path:
@@ -113,7 +114,7 @@ def _iter_requests(tokenizer, chat_template, max_prompt_tokens: int, max_output_
         if len(prompt_ids) > max_prompt_tokens:
             continue
         request_id = str(record.get("id") or f"record-{index}")
-        yield BenchRequest(request_id, prompt, prompt_ids, max(1, min(reply_tokens, max_output_tokens)))
+        yield BenchRequest(request_id, prompt, prompt_ids, max(1, min(reply_tokens, max_output_tokens)), question)
 
 
 def load_sharegpt_requests(

@@ -1,0 +1,175 @@
+"""`tiergate bench serve`: a load generator for any OpenAI-compatible server.
+
+ShareGPT prompts (the first human turn of each conversation) are sent as streamed chat
+completions, either with Poisson arrivals at a fixed request rate or with a fixed number
+of requests in flight. Per request it records time to first token, time per output token
+(the gaps between content chunks after the first) and end-to-end latency; the report has
+their percentiles and the throughput, as JSON.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from dataclasses import dataclass
+
+import httpx
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from gateway.bench.common import machine_info, percentiles, write_json
+
+
+@dataclass(frozen=True)
+class ServeRequest:
+    request_id: str
+    question: str
+    max_tokens: int
+
+
+@dataclass
+class ServeResult:
+    ok: bool
+    ttft_s: float = 0.0
+    e2e_s: float = 0.0
+    chunk_gaps_s: tuple[float, ...] = ()
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    error: str = ""
+
+
+def load_serve_requests(n: int, max_prompt_tokens: int, max_tokens: int, seed: int) -> list[ServeRequest]:
+    """ShareGPT first turns, sized with the bundled model's tokenizer (no weights are loaded)."""
+    from engines.chat_template import ChatTemplate
+    from engines.loaded_model import resolve_checkpoint_dir
+    from engines.loaders.hf_checkpoint import open_hf_checkpoint
+    from engines.tokenizer import TextTokenizer
+    from gateway.bench.workload import load_sharegpt_requests
+
+    ckpt = open_hf_checkpoint(resolve_checkpoint_dir("default"))
+    tok = TextTokenizer.from_file(ckpt.tokenizer_json, ckpt.tokenizer_config, ckpt.config.eos_token_id)
+    template = ChatTemplate(ckpt.tokenizer_config.get("chat_template"), tok.bos_token, tok.eos_token)
+    picked = load_sharegpt_requests(tok, template, n, max_prompt_tokens, max_tokens, seed=seed)
+    return [ServeRequest(r.request_id, r.question, r.output_len) for r in picked]
+
+
+async def _one(client: httpx.AsyncClient, url: str, model: str, req: ServeRequest, ignore_eos: bool) -> ServeResult:
+    body = {"model": model, "messages": [{"role": "user", "content": req.question}],
+            "max_tokens": req.max_tokens, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}}
+    if ignore_eos:
+        body["ignore_eos"] = True   # vLLM's extension; servers without it may reject the field
+    started = time.perf_counter()
+    first = last = None
+    gaps: list[float] = []
+    usage = None
+    try:
+        async with client.stream("POST", url, json=body) as resp:
+            if resp.status_code != 200:
+                text = (await resp.aread()).decode(errors="replace")
+                return ServeResult(False, error=f"HTTP {resp.status_code}: {text[:200]}")
+            async for line in resp.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                if chunk.get("usage"):
+                    usage = chunk["usage"]
+                if not any(c.get("delta", {}).get("content") for c in chunk.get("choices") or ()):
+                    continue
+                now = time.perf_counter()
+                if first is None:
+                    first = now
+                else:
+                    gaps.append(now - last)
+                last = now
+    except (httpx.HTTPError, json.JSONDecodeError) as exc:
+        return ServeResult(False, error=f"{type(exc).__name__}: {exc}")
+    end = time.perf_counter()
+    if first is None:
+        return ServeResult(False, error="no content chunk in the stream")
+    usage = usage or {}
+    return ServeResult(True, first - started, end - started, tuple(gaps),
+                       usage.get("prompt_tokens", 0), usage.get("completion_tokens", len(gaps) + 1))
+
+
+async def run_load(base_url: str, model: str | None, requests: list[ServeRequest], *, request_rate: float,
+                   concurrency: int | None, api_key: str | None, seed: int, ignore_eos: bool,
+                   progress: bool = True) -> dict:
+    """Send every request; arrivals are Poisson at request_rate (inf: all at once), in-flight capped by concurrency."""
+    headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
+    limits = httpx.Limits(max_connections=concurrency or 1000, max_keepalive_connections=concurrency or 1000)
+    async with httpx.AsyncClient(base_url=base_url.rstrip("/"), headers=headers, limits=limits,
+                                 timeout=httpx.Timeout(600.0)) as client:
+        if model is None:
+            listed = (await client.get("/models")).raise_for_status().json()
+            model = listed["data"][0]["id"]
+        gate = asyncio.Semaphore(concurrency) if concurrency else None
+        rng = random.Random(seed)
+        columns = (TextColumn("bench serve"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+        with Progress(*columns, console=Console(stderr=True), disable=not progress) as bar:
+            task = bar.add_task("requests", total=len(requests))
+
+            async def guarded(req: ServeRequest) -> ServeResult:
+                if gate is None:
+                    result = await _one(client, "/chat/completions", model, req, ignore_eos)
+                else:
+                    async with gate:
+                        result = await _one(client, "/chat/completions", model, req, ignore_eos)
+                bar.advance(task)
+                return result
+
+            started = time.perf_counter()
+            tasks = []
+            for req in requests:
+                tasks.append(asyncio.create_task(guarded(req)))
+                if request_rate != float("inf"):
+                    await asyncio.sleep(rng.expovariate(request_rate))
+            results = await asyncio.gather(*tasks)
+            elapsed = time.perf_counter() - started
+    return summarize(model, results, elapsed)
+
+
+def summarize(model: str, results: list[ServeResult], elapsed: float) -> dict:
+    done = [r for r in results if r.ok]
+    out_tokens = sum(r.completion_tokens for r in done)
+    return {
+        "model": model,
+        "requests": len(results),
+        "completed": len(done),
+        "failed": len(results) - len(done),
+        "errors": sorted({r.error for r in results if not r.ok})[:5],
+        "elapsed_s": elapsed,
+        "request_throughput_per_s": len(done) / elapsed if elapsed else 0.0,
+        "input_tokens": sum(r.prompt_tokens for r in done),
+        "output_tokens": out_tokens,
+        "output_tokens_per_s": out_tokens / elapsed if elapsed else 0.0,
+        "ttft_ms": percentiles([r.ttft_s * 1e3 for r in done]),
+        # TPOT per request: the mean gap between content chunks after the first one
+        "tpot_ms": percentiles([sum(r.chunk_gaps_s) / len(r.chunk_gaps_s) * 1e3 for r in done if r.chunk_gaps_s]),
+        "itl_ms": percentiles([g * 1e3 for r in done for g in r.chunk_gaps_s]),
+        "e2e_ms": percentiles([r.e2e_s * 1e3 for r in done]),
+    }
+
+
+def run_serve_bench(json_out: str, base_url: str, model: str | None, num_requests: int, request_rate: float,
+                    concurrency: int | None, max_prompt_tokens: int, max_tokens: int, api_key: str | None,
+                    seed: int, ignore_eos: bool) -> int:
+    requests = load_serve_requests(num_requests, max_prompt_tokens, max_tokens, seed)
+    report = asyncio.run(run_load(base_url, model, requests, request_rate=request_rate, concurrency=concurrency,
+                                  api_key=api_key, seed=seed, ignore_eos=ignore_eos))
+    full = {
+        "machine": machine_info(),
+        "workload": {"source": "ShareGPT V3 first human turns", "num_requests": num_requests,
+                     "request_rate": "inf" if request_rate == float("inf") else request_rate,
+                     "concurrency": concurrency, "max_prompt_tokens": max_prompt_tokens,
+                     "max_tokens": max_tokens, "temperature": 0, "seed": seed, "base_url": base_url},
+        "server": report,
+    }
+    write_json(json_out, full)
+    Console(stderr=True).print(
+        f"{report['completed']}/{report['requests']} ok, {report['output_tokens_per_s']:.1f} output tok/s, "
+        f"TTFT p50 {report['ttft_ms']['p50']:.1f} ms, TPOT p50 {report['tpot_ms']['p50']:.1f} ms, "
+        f"E2E p99 {report['e2e_ms']['p99']:.1f} ms -> {json_out}")
+    return 0 if report["failed"] == 0 else 1

@@ -1,0 +1,104 @@
+"""`bench serve` against a scripted OpenAI-compatible server over real HTTP.
+
+The server streams each answer with known delays (first chunk after 60 ms, then one chunk
+every 20 ms), counts requests in flight and fails on request, so the report's TTFT, TPOT,
+concurrency and error accounting can be checked against what really happened.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+
+import pytest
+import uvicorn
+from starlette.applications import Starlette
+from starlette.responses import JSONResponse, StreamingResponse
+from starlette.routing import Route
+
+from gateway.bench.serve import ServeRequest, run_load
+
+FIRST_S, GAP_S = 0.060, 0.020
+
+
+class _Scripted:
+    def __init__(self):
+        self.in_flight = 0
+        self.max_in_flight = 0
+
+    async def chat(self, request):
+        body = await request.json()
+        if "fail" in body["messages"][0]["content"]:
+            return JSONResponse({"error": {"message": "boom", "type": "server_error", "param": None,
+                                           "code": None}}, status_code=500)
+        n = body["max_tokens"]
+
+        async def stream():
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+            try:
+                await asyncio.sleep(FIRST_S)
+                for i in range(n):
+                    if i:
+                        await asyncio.sleep(GAP_S)
+                    chunk = {"id": "x", "object": "chat.completion.chunk", "model": body["model"],
+                             "choices": [{"index": 0, "delta": {"content": f"t{i} "}, "finish_reason": None}]}
+                    yield f"data: {json.dumps(chunk)}\n\n"
+                usage = {"prompt_tokens": 7, "completion_tokens": n, "total_tokens": 7 + n}
+                yield f"data: {json.dumps({'id': 'x', 'choices': [], 'usage': usage})}\n\n"
+                yield "data: [DONE]\n\n"
+            finally:
+                self.in_flight -= 1
+
+        return StreamingResponse(stream(), media_type="text/event-stream")
+
+    async def models(self, _):
+        return JSONResponse({"object": "list", "data": [{"id": "scripted", "object": "model"}]})
+
+
+@pytest.fixture(scope="module")
+def scripted_server():
+    state = _Scripted()
+    app = Starlette(routes=[Route("/v1/chat/completions", state.chat, methods=["POST"]),
+                            Route("/v1/models", state.models)])
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.02)
+    yield f"http://127.0.0.1:{port}/v1", state
+    server.should_exit = True
+    thread.join(timeout=5)
+
+
+def test_timings_and_concurrency_cap(scripted_server):
+    url, state = scripted_server
+    requests = [ServeRequest(f"r{i}", f"question {i}", 6) for i in range(12)]
+    report = asyncio.run(run_load(url, None, requests, request_rate=float("inf"), concurrency=3,
+                                  api_key=None, seed=0, ignore_eos=False, progress=False))
+    assert report["model"] == "scripted"          # taken from /v1/models
+    assert report["completed"] == 12 and report["failed"] == 0
+    assert report["output_tokens"] == 12 * 6 and report["input_tokens"] == 12 * 7
+    assert state.max_in_flight == 3               # the cap held and was used
+    assert FIRST_S * 1e3 <= report["ttft_ms"]["p50"] < FIRST_S * 1e3 + 40
+    assert GAP_S * 1e3 * 0.9 <= report["tpot_ms"]["p50"] < GAP_S * 1e3 + 15
+    # 4 waves of 3 requests, each ~60 + 5 * 20 ms
+    assert report["elapsed_s"] >= 4 * (FIRST_S + 5 * GAP_S)
+
+
+def test_poisson_arrivals_and_failures(scripted_server):
+    url, _ = scripted_server
+    requests = [ServeRequest(f"r{i}", "please fail" if i % 5 == 0 else f"q{i}", 2) for i in range(20)]
+    report = asyncio.run(run_load(url, "scripted", requests, request_rate=50.0, concurrency=None,
+                                  api_key=None, seed=1, ignore_eos=False, progress=False))
+    assert report["failed"] == 4 and report["completed"] == 16
+    assert report["errors"] and report["errors"][0].startswith("HTTP 500")
+    # 20 arrivals at 50/s take about 0.4 s (the exponential gaps of seed 1 sum to more than 0.15 s)
+    assert report["elapsed_s"] > 0.15
