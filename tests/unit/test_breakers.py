@@ -1,0 +1,172 @@
+"""Circuit-breaker transitions, one suite on the memory store and on a real redis-server."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import pytest
+
+from policies.breakers import Breakers, MemoryBreakerStore, Outcome
+from policies.breakers.redis_store import RedisBreakerStore
+from policies.budgets.redis_store import make_redis_client
+from policies.limits_config import BreakerSettings, BreakerTable, StoreConfig
+from tests.redis_server import running_redis
+
+
+@pytest.fixture(scope="module")
+def redis_url():
+    with running_redis() as server:
+        yield server.url
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def make_breakers(request):
+    """make(**settings) -> Breakers; all made in one test share one state (like two replicas)."""
+    kind = request.param
+    clients = []
+    memory = MemoryBreakerStore()
+    prefix = "b" + uuid.uuid4().hex[:10]
+
+    def make(**settings) -> Breakers:
+        table = BreakerTable(default=BreakerSettings(**settings))
+        if kind == "memory":
+            return Breakers(table, memory)
+        client = make_redis_client(StoreConfig(backend="redis", url=request.getfixturevalue("redis_url")))
+        clients.append(client)
+        return Breakers(table, RedisBreakerStore(client, prefix))
+
+    yield make
+    for client in clients:
+        await client.aclose()
+
+
+async def calls(breakers, name, outcome, n, ttft_s=None):
+    results = []
+    for _ in range(n):
+        permit = await breakers.allow(name)
+        assert permit.allowed
+        results.append(await breakers.record(permit, outcome, ttft_s))
+    return results
+
+
+async def test_opens_on_failure_rate_only_after_min_calls(make_breakers):
+    b = make_breakers(min_calls=10, failure_rate=0.5, open_s=30)
+    await calls(b, "big", Outcome.SUCCESS, 4)
+    assert await calls(b, "big", Outcome.FAILURE, 4) == ["counted"] * 4   # 4/8 failed, but 8 < 10 calls
+    assert (await b.state("big")).state == "closed"
+    assert await calls(b, "big", Outcome.SUCCESS, 1) == ["counted"]        # 4/9
+    assert await calls(b, "big", Outcome.FAILURE, 1) == ["opened"]         # 5/10
+    rejected = await b.allow("big")
+    assert not rejected.allowed and rejected.state == "open"
+    assert 29 < rejected.retry_after <= 30
+    assert (await b.allow("other")).allowed          # breakers are per name
+
+
+async def test_client_errors_and_cancels_never_trip(make_breakers):
+    b = make_breakers(min_calls=5, failure_rate=0.2)
+    assert set(await calls(b, "big", Outcome.CLIENT_ERROR, 30)) == {"ignored"}
+    assert set(await calls(b, "big", Outcome.CANCELLED, 10)) == {"ignored"}
+    state = await b.state("big")
+    assert (state.state, state.calls, state.failures) == ("closed", 0, 0)
+    assert Outcome.from_status(404) is Outcome.CLIENT_ERROR and Outcome.from_status(503) is Outcome.FAILURE
+
+
+async def test_slow_time_to_first_token_trips(make_breakers):
+    b = make_breakers(min_calls=4, slow_ttft_s=0.5, slow_rate=0.75)
+    await calls(b, "big", Outcome.SUCCESS, 2, ttft_s=0.1)
+    # 5 slow of 7 calls stays under 0.75; the 6th slow call (6 of 8) trips it.
+    assert await calls(b, "big", Outcome.SUCCESS, 6, ttft_s=2.0) == ["counted"] * 5 + ["opened"]
+    assert (await b.state("big")).state == "open"
+
+
+async def test_half_open_lets_a_limited_number_of_probes_through_and_closes(make_breakers):
+    b = make_breakers(min_calls=2, failure_rate=0.5, open_s=0.2, half_open_probes=2)
+    await calls(b, "big", Outcome.FAILURE, 2)
+    assert not (await b.allow("big")).allowed
+    await asyncio.sleep(0.25)
+    p1, p2, p3 = await b.allow("big"), await b.allow("big"), await b.allow("big")
+    assert p1.is_probe and p2.is_probe
+    assert not p3.allowed and p3.state == "half_open"
+    assert await b.record(p1, Outcome.SUCCESS, 0.1) == "counted"
+    assert not (await b.allow("big")).allowed         # one success so far, one probe still out
+    assert await b.record(p2, Outcome.SUCCESS, 0.1) == "closed"
+    state = await b.state("big")
+    assert (state.state, state.calls) == ("closed", 0)   # a fresh window after closing
+    assert (await b.allow("big")).allowed
+
+
+async def test_a_failed_probe_opens_again(make_breakers):
+    b = make_breakers(min_calls=1, failure_rate=1.0, open_s=0.2, half_open_probes=3)
+    await calls(b, "big", Outcome.FAILURE, 1)
+    await asyncio.sleep(0.25)
+    probe = await b.allow("big")
+    other = await b.allow("big")
+    assert await b.record(probe, Outcome.FAILURE) == "opened"
+    assert await b.record(other, Outcome.SUCCESS) == "stale"   # issued in the half-open that ended
+    rejected = await b.allow("big")
+    assert rejected.state == "open" and rejected.retry_after > 0.1
+
+
+async def test_a_neutral_probe_frees_its_slot(make_breakers):
+    b = make_breakers(min_calls=1, failure_rate=1.0, open_s=0.2, half_open_probes=1)
+    await calls(b, "big", Outcome.FAILURE, 1)
+    await asyncio.sleep(0.25)
+    probe = await b.allow("big")
+    assert not (await b.allow("big")).allowed
+    assert await b.record(probe, Outcome.CLIENT_ERROR) == "ignored"
+    assert (await b.allow("big")).is_probe
+
+
+async def test_an_abandoned_probe_expires(make_breakers):
+    b = make_breakers(min_calls=1, failure_rate=1.0, open_s=0.1, half_open_probes=1, probe_timeout_s=0.2)
+    await calls(b, "big", Outcome.FAILURE, 1)
+    await asyncio.sleep(0.15)
+    assert (await b.allow("big")).is_probe           # never recorded: a crashed replica
+    assert not (await b.allow("big")).allowed
+    await asyncio.sleep(0.25)
+    assert (await b.allow("big")).is_probe
+
+
+async def test_calls_from_before_a_transition_are_ignored(make_breakers):
+    b = make_breakers(min_calls=2, failure_rate=0.5, open_s=0.1, half_open_probes=1)
+    slow_call = await b.allow("big")
+    await calls(b, "big", Outcome.FAILURE, 2)          # opens while slow_call is still running
+    assert await b.record(slow_call, Outcome.FAILURE) == "stale"
+    await asyncio.sleep(0.15)
+    probe = await b.allow("big")
+    assert await b.record(probe, Outcome.SUCCESS) == "closed"
+    assert await b.record(slow_call, Outcome.FAILURE) == "stale"
+    assert (await b.state("big")).failures == 0
+
+
+async def test_failures_slide_out_of_the_window(make_breakers):
+    b = make_breakers(window_s=0.5, min_calls=4, failure_rate=0.5)
+    await calls(b, "big", Outcome.FAILURE, 3)
+    await asyncio.sleep(0.6)
+    assert await calls(b, "big", Outcome.FAILURE, 1) == ["counted"]   # 1 call in the window
+    assert (await b.state("big")).calls == 1
+
+
+async def test_two_replicas_share_one_breaker(make_breakers):
+    one, two = make_breakers(min_calls=3, failure_rate=0.5, open_s=0.3, half_open_probes=1), \
+        make_breakers(min_calls=3, failure_rate=0.5, open_s=0.3, half_open_probes=1)
+    await calls(one, "big", Outcome.FAILURE, 2)
+    assert await calls(two, "big", Outcome.FAILURE, 1) == ["opened"]
+    assert (await one.allow("big")).state == "open"
+    await asyncio.sleep(0.35)
+    probe = await two.allow("big")
+    assert probe.is_probe and not (await one.allow("big")).allowed   # the probe slot is shared
+    await two.record(probe, Outcome.SUCCESS)
+    assert (await one.state("big")).state == "closed"
+
+
+async def test_first_available_walks_the_fallback_chain(make_breakers):
+    b = make_breakers(min_calls=1, failure_rate=1.0, open_s=5)
+    await calls(b, "big", Outcome.FAILURE, 1)
+    permit = await b.first_available(["big", "small"])
+    assert permit.allowed and permit.name == "small"
+    await calls(b, "small", Outcome.FAILURE, 1)
+    none = await b.first_available(["big", "small"])
+    assert not none.allowed and none.names == ("big", "small")
+    assert 4.5 < none.retry_after <= 5
