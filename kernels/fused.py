@@ -1,4 +1,5 @@
-"""Fused per-token decoder ops: the C++ CPU kernel where it built, else the torch reference."""
+"""Fused per-token decoder ops: Triton on CUDA (kernels/triton/), the C++ CPU kernel where it
+built, else the torch reference."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import torch
 
 from kernels.cpu_extension import load_cpu_kernels
 from kernels.reference import add_rms_norm_ref, silu_mul_ref
+from kernels.triton.select import use_triton
 
 
 def _native(t: torch.Tensor):
@@ -14,6 +16,9 @@ def _native(t: torch.Tensor):
 
 def add_rms_norm(residual: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """residual += delta in place (when given), then return RMSNorm(residual) * weight."""
+    if use_triton(residual):
+        from kernels.triton.elementwise import add_rms_norm_triton
+        return add_rms_norm_triton(residual, delta, weight, eps)
     native = _native(residual)
     if native is not None and residual.dim() == 2:
         return native.add_rms_norm(residual, delta, weight, eps)
@@ -21,6 +26,9 @@ def add_rms_norm(residual: torch.Tensor, delta: torch.Tensor | None, weight: tor
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    if use_triton(gate_up):
+        from kernels.triton.elementwise import silu_mul_triton
+        return silu_mul_triton(gate_up)
     native = _native(gate_up)
     if native is not None and gate_up.dim() == 2:
         return native.silu_mul(gate_up)

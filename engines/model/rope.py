@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from engines.model_config import ModelConfig, RopeScaling
+from kernels.triton.select import use_triton
 
 
 def inverse_frequencies(head_dim: int, theta: float, scaling: RopeScaling) -> torch.Tensor:
@@ -52,4 +53,7 @@ class RotaryEmbedding(nn.Module):
     @staticmethod
     def apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """x: [T, H, D] (query and key heads together)."""
+        if use_triton(x):
+            from kernels.triton.elementwise import apply_rope_triton
+            return apply_rope_triton(x, cos, sin)
         return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin

@@ -10,6 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kernels.triton.select import use_triton
+
 E4M3_MAX = 448.0
 
 
@@ -35,5 +37,8 @@ class Fp8Linear(nn.Module):
         return {"qweight": self.qweight, "weight_scale": self.weight_scale}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if use_triton(x):   # real FP8 GEMM: activations quantized per token (kernels/triton/gemm_fp8.py)
+            from kernels.triton.gemm_fp8 import fp8_linear
+            return fp8_linear(x, self.qweight, self.weight_scale, self.bias)
         w = (self.qweight.to(torch.float32) * self.weight_scale[:, None]).to(x.dtype)
         return F.linear(x, w, None if self.bias is None else self.bias.to(x.dtype))

@@ -12,6 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kernels.triton.select import use_triton
+
 SUPPORTED_GROUP_SIZES = (32, 64, 128, 256)
 
 
@@ -65,6 +67,12 @@ class Int4Linear(nn.Module):
         self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if use_triton(x):   # W4A16 reads the portable nibbles (an artifact-loaded layer drops them)
+            from kernels.triton.gemm_weight_only import w4a16_linear
+            if self.portable is None:
+                raise RuntimeError("this INT4 layer was loaded without its nibble form; the Triton path needs it")
+            p = self.portable
+            return w4a16_linear(x, p["q"], p["scales"], p["zeros"], self.group_size, self.bias)
         shape = x.shape
         flat = x.reshape(-1, shape[-1]).to(torch.bfloat16)
         if self.padded_in != self.in_features:

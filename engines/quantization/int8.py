@@ -9,6 +9,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from kernels.triton.select import use_triton
+
 
 def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """[N, K] float -> (int8 [N, K], fp32 scales [N]) with w ~= q * scale."""
@@ -37,6 +39,9 @@ class Int8Linear(nn.Module):
         return self.qweight.float() * self.scales.float()[:, None]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if use_triton(x):
+            from kernels.triton.gemm_weight_only import w8a16_linear
+            return w8a16_linear(x, self.qweight, self.scales, self.bias)
         shape = x.shape
         out = torch.ops.aten._weight_int8pack_mm(x.reshape(-1, shape[-1]).to(torch.bfloat16), self.qweight, self.scales)
         out = out.to(x.dtype).view(*shape[:-1], self.out_features)

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# The kernels' GPU check (issue #6): correctness at real sizes, do_bench timings, GB/s and
+# TFLOP/s next to the chip's measured copy bandwidth and bf16 matmul rate. CUDA machine only;
+# under 5 minutes (the timeout is the budget). Usage: bench/gpu_check.sh [OUT.json]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON="${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}"
+unset TRITON_INTERPRET
+exec timeout 300 "$PYTHON" bench/gpu_check.py --json "${1:-gpu_check.json}"

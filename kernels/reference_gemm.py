@@ -1,0 +1,55 @@
+"""Torch references of the quantized GEMM kernels (kernels/triton/gemm_*.py): dequantize,
+then one fp32 matmul. Signatures equal the kernels'."""
+
+from __future__ import annotations
+
+import torch
+
+E4M3_MAX = 448.0
+
+
+def _finish(y: torch.Tensor, bias: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
+    if bias is not None:
+        y = y + bias.float()
+    return y.to(x.dtype)
+
+
+def dequantize_int4_nibbles(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
+                            group_size: int) -> torch.Tensor:
+    """[N, K/2] uint8 (low nibble = even column) + [N, K/g] scales, zeros -> fp32 [N, K],
+    w = (q - 8) * scale + zero."""
+    p = qweight.to(torch.int32)
+    q = torch.stack([p & 15, p >> 4], dim=-1).reshape(p.shape[0], -1).float()
+    n, k = q.shape
+    w = (q.view(n, k // group_size, group_size) - 8.0) * scales.float()[..., None] + zeros.float()[..., None]
+    return w.view(n, k)
+
+
+def w4a16_linear_ref(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
+                     group_size: int, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [..., K] with K <= the padded width 2 * qweight.shape[1] (missing columns are zeros)."""
+    w = dequantize_int4_nibbles(qweight, scales, zeros, group_size)
+    k = x.shape[-1]
+    return _finish(x.float() @ w[:, :k].t(), bias, x)
+
+
+def w8a16_linear_ref(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
+                     bias: torch.Tensor | None = None) -> torch.Tensor:
+    w = qweight.float() * scales.float()[:, None]
+    return _finish(x.float() @ w.t(), bias, x)
+
+
+def quantize_rows_fp8_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row dynamic e4m3: scale = max(amax / 448, 1e-12) in fp32."""
+    xf = x.float()
+    scales = (xf.abs().amax(dim=-1) / E4M3_MAX).clamp_min(1e-12)
+    q = (xf / scales[:, None]).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+    return q, scales
+
+
+def fp8_linear_ref(x: torch.Tensor, qweight: torch.Tensor, weight_scale: torch.Tensor,
+                   bias: torch.Tensor | None = None) -> torch.Tensor:
+    flat = x.reshape(-1, x.shape[-1])
+    q, scales = quantize_rows_fp8_ref(flat)
+    y = (q.float() @ qweight.float().t()) * scales[:, None] * weight_scale.float()[None, :]
+    return _finish(y, bias, x).view(*x.shape[:-1], qweight.shape[0])

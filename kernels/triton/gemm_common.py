@@ -1,0 +1,78 @@
+"""Tiles, split-K and the epilogue shared by the GEMM kernels.
+
+Decode GEMMs (a few rows) are bound by reading the weight, which needs enough programs
+to keep every SM streaming: first narrower column tiles, then, when even 16-wide tiles
+are too few (small N), K is split and the fp32 partial sums are added by torch. With one
+split the kernel adds the bias and writes the activation dtype itself (one launch).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.triton._common import cdiv
+from kernels.triton.jit_utils import cast_for
+
+
+@dataclass(frozen=True)
+class GemmPlan:
+    block_m: int
+    block_n: int
+    block_k: int
+    split_k: int
+    k_per_split: int          # a multiple of block_k
+
+    def grid(self, m: int, n: int) -> tuple[int, int, int]:
+        return cdiv(m, self.block_m), cdiv(n, self.block_n), self.split_k
+
+
+def plan_gemm(m: int, n: int, k: int, block_k: int, sms: int) -> GemmPlan:
+    """Tiles for an [m, k] x [k, n] product on `sms` multiprocessors."""
+    block_m = 16 if m <= 16 else (32 if m <= 32 else 64)
+    m_tiles = cdiv(m, block_m)
+    if m <= 64:
+        block_n = next((bn for bn in (64, 32) if m_tiles * cdiv(n, bn) >= sms), 16)
+    else:
+        block_n = 128
+    steps = cdiv(k, block_k)
+    tiles = m_tiles * cdiv(n, block_n)
+    split = 1 if tiles >= sms else max(1, min(steps, cdiv(2 * sms, tiles), 32))
+    per_split = cdiv(steps, split) * block_k
+    return GemmPlan(block_m, block_n, block_k, cdiv(k, per_split), per_split)
+
+
+@triton.jit
+def store_tile(out_ptr, bias_ptr, acc, rm, rn, pid_k, M, N, so_s, so_m, HAS_BIAS: tl.constexpr,
+               SPLIT: tl.constexpr, EMULATE_RNE: tl.constexpr):
+    """One split: + bias, activation dtype, into the output. Several: fp32 into partial[pid_k]."""
+    mask = (rm < M)[:, None] & (rn < N)[None, :]
+    if SPLIT:
+        tl.store(out_ptr + pid_k * so_s + rm[:, None] * so_m + rn[None, :], acc, mask=mask)
+    else:
+        if HAS_BIAS:
+            acc = acc + tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
+        tl.store(out_ptr + rm[:, None] * so_m + rn[None, :], cast_for(out_ptr, acc, EMULATE_RNE), mask=mask)
+
+
+def gemm_output(plan: GemmPlan, m: int, n: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """Where the kernel writes: the [M, N] result, or [S, M, N] fp32 partial sums."""
+    if plan.split_k == 1:
+        return torch.empty((m, n), dtype=dtype, device=device)
+    return torch.empty((plan.split_k, m, n), dtype=torch.float32, device=device)
+
+
+def finish(out: torch.Tensor, plan: GemmPlan, bias: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+    if plan.split_k == 1:
+        return out
+    total = out.sum(0)
+    if bias is not None:
+        total = total + bias.float()
+    return total.to(dtype)
+
+
+def output_strides(out: torch.Tensor, plan: GemmPlan) -> tuple[int, int]:
+    return (out.stride(0), out.stride(1)) if plan.split_k > 1 else (0, out.stride(0))

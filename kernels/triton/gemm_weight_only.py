@@ -1,0 +1,129 @@
+"""Weight-only quantized GEMMs: W4A16 (group-wise INT4) and W8A16 (per-channel INT8).
+
+INT4 GPU layout = the portable form of engines/quantization/int4.py: nibbles [N, K/2] uint8
+(column 2j in the low nibble, 2j+1 in the high one), fp32 scales and zeros [N, K/g] with
+w = (q - 8) * scale + zero. HF AWQ checkpoints are converted to it at load
+(engines/loaders/hf_awq.py), so one kernel serves both. Even and odd input columns are
+multiplied with the low and high nibbles separately, so nibbles are never interleaved.
+A tile of BLOCK_K columns lies in one group (BLOCK_K divides the group size).
+INT8: int8 [N, K] with one scale per output channel, applied once to the accumulator.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.triton._common import interpreting, num_sms, upcast_dots
+from kernels.triton.gemm_common import GemmPlan, finish, gemm_output, output_strides, plan_gemm, store_tile
+
+
+@triton.jit
+def _dot(a, b, UPCAST: tl.constexpr):
+    """a [M, K] @ b^T, b given as [N, K]."""
+    if UPCAST:
+        return tl.dot(a.to(tl.float32), tl.trans(b.to(tl.float32)), input_precision="ieee")
+    return tl.dot(a, tl.trans(b.to(a.dtype)))
+
+
+@triton.jit
+def _w4a16_kernel(x_ptr, q_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, M, N, K, k_per_split,
+                  sx_m, sq_n, ss_n, sz_n, so_s, so_m,
+                  GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                  UPCAST: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, EMULATE_RNE: tl.constexpr):
+    pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    half = tl.arange(0, BLOCK_K // 2)
+    m_ok = rm < M
+    n_ok = rn < N
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    k_start = pid_k * k_per_split
+    k_end = tl.minimum(K, k_start + k_per_split)
+    for k0 in range(k_start, k_end, BLOCK_K):
+        even = k0 + 2 * half
+        x_even = tl.load(x_ptr + rm[:, None] * sx_m + even[None, :], mask=m_ok[:, None] & (even < K)[None, :], other=0.0)
+        x_odd = tl.load(x_ptr + rm[:, None] * sx_m + even[None, :] + 1, mask=m_ok[:, None] & (even + 1 < K)[None, :],
+                        other=0.0)
+        packed = tl.load(q_ptr + rn[:, None] * sq_n + (k0 // 2 + half)[None, :],
+                         mask=n_ok[:, None] & (even < K)[None, :], other=0)
+        group = k0 // GROUP
+        scale = tl.load(s_ptr + rn * ss_n + group, mask=n_ok, other=0.0).to(tl.float32)[:, None]
+        zero = tl.load(z_ptr + rn * sz_n + group, mask=n_ok, other=0.0).to(tl.float32)[:, None]
+        w_low = ((packed & 15).to(tl.float32) - 8.0) * scale + zero
+        w_high = ((packed >> 4).to(tl.float32) - 8.0) * scale + zero
+        acc += _dot(x_even, w_low, UPCAST)
+        acc += _dot(x_odd, w_high, UPCAST)
+    store_tile(out_ptr, bias_ptr, acc, rm, rn, pid_k, M, N, so_s, so_m, HAS_BIAS, SPLIT, EMULATE_RNE)
+
+
+@triton.jit
+def _w8a16_kernel(x_ptr, q_ptr, s_ptr, bias_ptr, out_ptr, M, N, K, k_per_split, sx_m, sq_n, so_s, so_m,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST: tl.constexpr,
+                  HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, EMULATE_RNE: tl.constexpr):
+    pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    m_ok = rm < M
+    n_ok = rn < N
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    k_start = pid_k * k_per_split
+    k_end = tl.minimum(K, k_start + k_per_split)
+    for k0 in range(k_start, k_end, BLOCK_K):
+        k_ok = (k0 + rk) < K
+        x = tl.load(x_ptr + rm[:, None] * sx_m + (k0 + rk)[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+        w = tl.load(q_ptr + rn[:, None] * sq_n + (k0 + rk)[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0)
+        acc += _dot(x, w, UPCAST)           # int8 values are exact in bf16
+    acc = acc * tl.load(s_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    store_tile(out_ptr, bias_ptr, acc, rm, rn, pid_k, M, N, so_s, so_m, HAS_BIAS, SPLIT, EMULATE_RNE)
+
+
+def _flat(x: torch.Tensor) -> torch.Tensor:
+    flat = x.reshape(-1, x.shape[-1])
+    return flat if flat.stride(-1) == 1 else flat.contiguous()
+
+
+def w4a16_plan(m: int, n: int, k: int, group_size: int, device: torch.device) -> GemmPlan:
+    if group_size < 32 or group_size & (group_size - 1):
+        raise ValueError(f"W4A16 kernel: group size {group_size} must be a power of two >= 32")
+    return plan_gemm(m, n, k, min(group_size, 128), num_sms(device))
+
+
+def w4a16_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
+                 group_size: int, bias: torch.Tensor | None = None, plan: GemmPlan | None = None) -> torch.Tensor:
+    """x [..., K] @ dequant(q)^T (+ bias) -> [..., N]; K may be shorter than the padded 2 * q.shape[1].
+    Same contract as kernels.reference_gemm.w4a16_linear_ref (plan: tile override for benchmarks)."""
+    flat = _flat(x)
+    m, k = flat.shape
+    n = qweight.shape[0]
+    if 2 * qweight.shape[1] < k:
+        raise ValueError(f"W4A16: input width {k} exceeds the weight's {2 * qweight.shape[1]}")
+    plan = plan or w4a16_plan(m, n, k, group_size, x.device)
+    out = gemm_output(plan, m, n, x.dtype, x.device)
+    if m:
+        _w4a16_kernel[plan.grid(m, n)](
+            flat, qweight, scales, zeros, bias if bias is not None else scales, out, m, n, k, plan.k_per_split,
+            flat.stride(0), qweight.stride(0), scales.stride(0), zeros.stride(0), *output_strides(out, plan),
+            GROUP=group_size, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, BLOCK_K=plan.block_k,
+            UPCAST=upcast_dots(x.dtype), HAS_BIAS=bias is not None, SPLIT=plan.split_k > 1,
+            EMULATE_RNE=interpreting())
+    return finish(out, plan, bias, x.dtype).view(*x.shape[:-1], n)
+
+
+def w8a16_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
+                 bias: torch.Tensor | None = None, plan: GemmPlan | None = None) -> torch.Tensor:
+    """x [..., K] @ (q * scales[:, None])^T (+ bias). Same contract as reference_gemm.w8a16_linear_ref."""
+    flat = _flat(x)
+    m, k = flat.shape
+    n = qweight.shape[0]
+    plan = plan or plan_gemm(m, n, k, 128, num_sms(x.device))
+    out = gemm_output(plan, m, n, x.dtype, x.device)
+    if m:
+        _w8a16_kernel[plan.grid(m, n)](
+            flat, qweight, scales, bias if bias is not None else scales, out, m, n, k, plan.k_per_split,
+            flat.stride(0), qweight.stride(0), *output_strides(out, plan),
+            BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, BLOCK_K=plan.block_k, UPCAST=upcast_dots(x.dtype),
+            HAS_BIAS=bias is not None, SPLIT=plan.split_k > 1, EMULATE_RNE=interpreting())
+    return finish(out, plan, bias, x.dtype).view(*x.shape[:-1], n)

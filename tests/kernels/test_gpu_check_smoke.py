@@ -1,0 +1,35 @@
+"""bench/gpu_check.py runs end to end on the CPU (interpreter, tiny shapes): every case's
+reference check passes and the JSON report has the fields the GPU run is read by."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench.gpu_check import evaluate_bars, main
+
+pytestmark = pytest.mark.slow          # ~30 s of interpreted kernels
+
+
+def test_gpu_check_smoke_run_reports_every_kernel(tmp_path):
+    out = tmp_path / "check.json"
+    assert main(["--smoke", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    kernels = {row["kernel"] for row in report["cases"]}
+    assert kernels == {"store_kv", "decode_attention", "extend_attention", "gemm_w4a16", "gemm_w8a16", "gemm_fp8",
+                       "add_rms_norm", "silu_mul", "rope"}
+    assert all(row["ok"] and row["ms"] > 0 for row in report["cases"])
+    assert report["ceilings"]["copy_GBps"] > 0 and report["machine"]["triton"]
+
+
+def test_bars_read_the_llama_rows():
+    ceilings = {"copy_GBps": 4000.0}
+    rows = [{"kernel": "decode_attention", "case": "llama8b B=32 ctx=2048 kv=bf16", "GBps": 3000.0},
+            {"kernel": "gemm_w4a16", "case": "llama8b M=1 N=6144 K=4096", "model": "llama8b", "M": 1,
+             "speedup_vs_bf16": 2.5},
+            {"kernel": "gemm_w4a16", "case": "llama8b M=1 N=4096 K=14336", "model": "llama8b", "M": 1,
+             "speedup_vs_bf16": 1.5}]
+    bars = evaluate_bars(rows, ceilings)
+    assert bars["decode_attention_bf16_vs_copy"] == {"value": 0.75, "bar": 0.7, "met": True}
+    assert bars["w4a16_batch1_speedup_vs_bf16_min"]["met"] is False          # the worst shape decides
