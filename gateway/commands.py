@@ -28,6 +28,8 @@ def generate(args: argparse.Namespace) -> int:
     if args.temperature < 0:
         raise UsageError("--temperature must be >= 0")
     tier = cfg.tiers[tier_name]
+    if tier.kind != "embedded":
+        raise UsageError(f"tier {tier_name!r} is an upstream tier; generate runs embedded tiers only")
     loaded = load_model(args.model or tier.model, args.dtype or tier.dtype)
     prompt_ids = loaded.tokenizer.encode(loaded.chat_template.render([{"role": "user", "content": args.prompt}]))
     sampling = SimpleSampling(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
@@ -53,26 +55,28 @@ def serve(config_path: str, host: str | None, port: int | None) -> int:
 
     import uvicorn
 
-    from engines.async_engine import AsyncEngine
-    from engines.engine_config import EngineConfig
-    from engines.llm_engine import LLMEngine
-    from gateway.minimal_app import build_app
+    from gateway.app import build_app
+    from gateway.cli import UsageError
+    from gateway.reload import ConfigReloader
+    from gateway.runtime import RuntimeHolder, build_runtime
+    from policies.config import is_loopback
 
-    logging.getLogger("engines").setLevel(logging.INFO)  # model load and KV capacity at start
     cfg = load_config(config_path)
-    tier_name = cfg.default_tier
-    tier = cfg.tiers[tier_name]
-    source = tier.model
-    if tier.quantization:
-        from gateway.quantize_cmd import ensure_quantized
-        source = str(ensure_quantized(tier.model, tier.quantization, tier.quant_group_size))
-    loaded = load_model(source, tier.dtype)
-    engine = LLMEngine(loaded, EngineConfig(
-        kv_cache_memory_bytes=int(tier.kv_cache_memory), block_size=tier.block_size,
-        max_num_seqs=tier.max_num_seqs, max_num_batched_tokens=tier.max_num_batched_tokens,
-        max_model_len=tier.max_model_len, enable_prefix_caching=tier.enable_prefix_caching,
-        kv_cache_dtype=tier.kv_cache_dtype))
-    app = build_app(AsyncEngine(engine), tier.served_name or tier_name)
-    uvicorn.run(app, host=host or cfg.server.host, port=port if port is not None else cfg.server.port,
-                log_level="info")
+    host = host or cfg.server.host
+    port = port if port is not None else cfg.server.port
+    if not cfg.auth.enabled and not is_loopback(host):
+        raise UsageError(f"auth is off in {config_path}: serving without API keys is allowed on loopback only, "
+                         f"not on {host}")
+    for name, tier in cfg.tiers.items():
+        if getattr(tier, "kind", None) == "embedded" and tier.model != "default":
+            from pathlib import Path
+            if not Path(tier.model).expanduser().exists():
+                raise UsageError(f"tier {name}: model path not found: {tier.model}")
+    # Model loads, tier readiness and per-request decisions are worth seeing at start.
+    for name in ("engines", "gateway", "tiergate.requests"):
+        logging.getLogger(name).setLevel(logging.INFO)
+    logging.getLogger("tiergate.requests").disabled = not cfg.server.log_requests
+    holder = RuntimeHolder(build_runtime(cfg), config_path)
+    app = build_app(holder, ConfigReloader(holder, config_path, host))
+    uvicorn.run(app, host=host, port=port, log_level="info", access_log=False)
     return 0

@@ -1,15 +1,45 @@
 """The gateway's YAML configuration as pydantic models.
 
-A bad file fails at start with the field path and the reason.
+A bad file fails at start (or at reload) with the field path and the reason. The tier
+schema lives in policies/tier_config.py, auth/tenants/classification/routing in
+policies/policy_config.py; this module ties them together and checks cross references.
 """
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
-from typing import Literal
 
 import yaml
 from pydantic import BaseModel, ByteSize, ConfigDict, Field, ValidationError, model_validator
+
+from policies.policy_config import (
+    PROFILES,
+    ApiKeyConfig,
+    AuthConfig,
+    ClassificationConfig,
+    ClassifyRule,
+    EscalationConfig,
+    ModelAliasConfig,
+    RouteRule,
+    RoutingConfig,
+    TenantConfig,
+    hash_api_key,
+)
+from policies.tier_config import (
+    EmbeddedTier,
+    EmbeddedTierConfig,
+    SpeculativeSettings,
+    TierConfig,
+    UpstreamTierConfig,
+)
+
+__all__ = [
+    "PROFILES", "ApiKeyConfig", "AuthConfig", "ClassificationConfig", "ClassifyRule", "ConfigError",
+    "EmbeddedTier", "EmbeddedTierConfig", "EscalationConfig", "GatewayConfig", "ModelAliasConfig",
+    "RouteRule", "RoutingConfig", "ServerConfig", "SpeculativeSettings", "TenantConfig", "UpstreamTierConfig",
+    "hash_api_key", "is_loopback", "load_config", "parse_config",
+]
 
 
 class ConfigError(ValueError):
@@ -20,62 +50,117 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 class ServerConfig(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
-
-
-class EmbeddedTier(_Strict):
-    kind: Literal["embedded"] = "embedded"
-    model: str = Field("default", description="'default' (bundled SmolLM2), a .gguf file or an HF directory")
-    served_name: str | None = Field(None, description="model id shown to clients; defaults to the tier name")
-    dtype: Literal["float32", "bfloat16"] = "bfloat16"
-    max_model_len: int = Field(2048, gt=0)
-    kv_cache_memory: ByteSize = Field(ByteSize(512 * 2**20), description="KV pool size, e.g. '512MiB'")
-    block_size: int = Field(16, gt=0, le=256)
-    max_num_seqs: int = Field(128, gt=0)
-    max_num_batched_tokens: int = Field(2048, gt=0)
-    enable_prefix_caching: bool = True
-    quantization: Literal["int8", "int4-rtn", "int4-awq", "fp8"] | None = Field(
-        None, description="weight quantization; the artifact is built and cached on first start")
-    quant_group_size: Literal[32, 64, 128, 256] = 128
-    kv_cache_dtype: Literal["int8"] | None = Field(None, description="None: the model dtype")
-
-    @model_validator(mode="after")
-    def _budget_covers_batch(self) -> "EmbeddedTier":
-        if self.max_num_batched_tokens < self.max_num_seqs:
-            raise ValueError("max_num_batched_tokens must be at least max_num_seqs")
-        return self
+    max_body_bytes: ByteSize = Field(ByteSize(4 * 2**20), description="larger request bodies get 413")
+    reload_poll_s: float = Field(2.0, ge=0, description="seconds between config file checks; 0: SIGHUP only")
+    log_requests: bool = Field(True, description="one log line per request with its routing decision")
 
 
 class GatewayConfig(_Strict):
     server: ServerConfig = ServerConfig()
-    tiers: dict[str, EmbeddedTier]
-    default_tier: str | None = None
+    auth: AuthConfig = AuthConfig()
+    tenants: dict[str, TenantConfig] = {}
+    tiers: dict[str, TierConfig]
+    default_tier: str | None = Field(None, description="tier of `tiergate generate`; default: the first")
+    models: dict[str, ModelAliasConfig] = Field({}, description="model ids clients name; default: one per tier")
+    classification: ClassificationConfig = ClassificationConfig()
+    routing: RoutingConfig = RoutingConfig()
 
     @model_validator(mode="after")
-    def _default_tier_exists(self) -> "GatewayConfig":
+    def _cross_references(self) -> GatewayConfig:
         if not self.tiers:
             raise ValueError("at least one tier is required")
         if self.default_tier is None:
             self.default_tier = next(iter(self.tiers))
         elif self.default_tier not in self.tiers:
             raise ValueError(f"default_tier {self.default_tier!r} is not one of the tiers {sorted(self.tiers)}")
+        if not self.models:
+            self.models = {(t.served_name or name): ModelAliasConfig(chain=[name]) for name, t in self.tiers.items()}
+        if not self.tenants:
+            self.tenants = {self.auth.anonymous_tenant: TenantConfig()}
+        self._check_tiers_named()
+        self._check_tenants_named()
         return self
+
+    def _check_tiers_named(self) -> None:
+        def check(chain: list[str], where: str) -> None:
+            for tier in chain:
+                if tier not in self.tiers:
+                    raise ValueError(f"{where}: unknown tier {tier!r}; tiers: {sorted(self.tiers)}")
+
+        for alias, m in self.models.items():
+            check(m.chain, f"models.{alias}.chain")
+            if m.escalate:
+                check([m.escalate.to], f"models.{alias}.escalate.to")
+        for i, rule in enumerate(self.routing.rules):
+            check(rule.chain, f"routing.rules.{i}.chain")
+            if rule.escalate:
+                check([rule.escalate.to], f"routing.rules.{i}.escalate.to")
+            for alias in _as_list(rule.match.model):
+                if alias not in self.models:
+                    raise ValueError(f"routing.rules.{i}.match.model: unknown model {alias!r}")
+
+    def _check_tenants_named(self) -> None:
+        if not self.auth.enabled and self.auth.anonymous_tenant not in self.tenants:
+            raise ValueError(f"auth.anonymous_tenant: unknown tenant {self.auth.anonymous_tenant!r}")
+        for i, key in enumerate(self.auth.keys):
+            if key.tenant not in self.tenants:
+                raise ValueError(f"auth.keys.{i}.tenant: unknown tenant {key.tenant!r}")
+        for name, tenant in self.tenants.items():
+            for alias in tenant.models or []:
+                if alias not in self.models:
+                    raise ValueError(f"tenants.{name}.models: unknown model {alias!r}")
+
+
+def _as_list(value) -> list:
+    if value is None:
+        return []
+    return value if isinstance(value, list) else [value]
+
+
+def _format_location(loc: tuple) -> str:
+    parts = list(loc)
+    # Drop the tagged-union tag pydantic inserts after a tier name (tiers.small.embedded.dtype).
+    if len(parts) >= 3 and parts[0] == "tiers" and parts[2] in ("embedded", "upstream"):
+        del parts[2]
+    return ".".join(str(p) for p in parts)
+
+
+def parse_config(text: str, source: str = "<config>") -> GatewayConfig:
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{source}: not valid YAML ({exc})".replace("\n", " ")) from None
+    if raw is not None and not isinstance(raw, dict):
+        raise ConfigError(f"{source}: the top level must be a mapping")
+    try:
+        return GatewayConfig.model_validate(raw or {})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = _format_location(first["loc"])
+        msg = first["msg"].removeprefix("Value error, ")
+        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+        prefix = f"{where}: " if where else ""  # cross-reference errors name their own field
+        raise ConfigError(f"{source}: {prefix}{msg}{more}".replace("\n", " ")) from None
 
 
 def load_config(path: str | Path) -> GatewayConfig:
     path = Path(path)
     try:
-        raw = yaml.safe_load(path.read_text())
+        text = path.read_text()
     except FileNotFoundError:
         raise ConfigError(f"{path}: file not found") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML ({exc})".replace("\n", " ")) from None
-    try:
-        return GatewayConfig.model_validate(raw or {})
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "(top level)"
-        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-        raise ConfigError(f"{path}: {where}: {first['msg']}{more}") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read ({exc.strerror})") from None
+    return parse_config(text, str(path))

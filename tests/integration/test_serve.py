@@ -1,7 +1,8 @@
-"""`tiergate serve` over real HTTP, spoken to with the official openai client."""
+"""`tiergate serve` as a user runs it (a subprocess), spoken to with the official openai client."""
 
 from __future__ import annotations
 
+import signal
 import socket
 import subprocess
 import sys
@@ -20,11 +21,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+CONFIG = ("auth: {enabled: false}\nserver: {reload_poll_s: 0}\n"
+          "tiers:\n  small:\n    model: default\n    served_name: smol\n    dtype: float32\n"
+          "    max_model_len: 512\n")
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     cfg = tmp_path_factory.mktemp("cfg") / "c.yaml"
-    cfg.write_text("tiers:\n  small:\n    model: default\n    served_name: smol\n    dtype: float32\n"
-                   "    max_model_len: 512\n")
+    cfg.write_text(CONFIG)
     port = _free_port()
     proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", "--config", str(cfg), "--port", str(port)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -34,19 +39,20 @@ def server(tmp_path_factory):
         if proc.poll() is not None:
             pytest.fail(f"server exited: {proc.stderr.read()}")
         try:
-            if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
+            if httpx.get(f"{base}/readyz", timeout=1).status_code == 200:
                 break
         except httpx.HTTPError:
             time.sleep(0.3)
     else:
         proc.kill()
-        pytest.fail("server did not become healthy in 120 s")
-    yield base
+        pytest.fail("server did not become ready in 120 s")
+    yield base, cfg, proc
     proc.terminate()
     proc.wait(timeout=30)
 
 
 def test_chat_completion_with_openai_client(server):
+    server, _, _ = server
     client = openai.OpenAI(base_url=f"{server}/v1", api_key="unused")
     resp = client.chat.completions.create(
         model="smol", messages=[{"role": "user", "content": "What is the capital of France?"}],
@@ -58,6 +64,7 @@ def test_chat_completion_with_openai_client(server):
 
 
 def test_errors_use_openai_format(server):
+    server, _, _ = server
     client = openai.OpenAI(base_url=f"{server}/v1", api_key="unused", max_retries=0)
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(model="smol", messages=[], max_tokens=4)
@@ -73,6 +80,7 @@ def test_concurrent_requests_are_batched(server):
     """Eight clients at once all get full answers; the engine serves them together."""
     import concurrent.futures
 
+    server, _, _ = server
     client = openai.OpenAI(base_url=f"{server}/v1", api_key="unused")
     questions = [f"Write one sentence about the number {i}." for i in range(8)]
 
@@ -84,3 +92,37 @@ def test_concurrent_requests_are_batched(server):
         answers = list(pool.map(ask, questions))
     assert all(a.choices[0].message.content for a in answers)
     assert all(a.usage.completion_tokens <= 12 for a in answers)
+
+
+def test_sighup_reloads_the_config(server):
+    base, cfg, proc = server
+    cfg.write_text(CONFIG + "models:\n  smol: {chain: [small]}\n  smol-too: {chain: [small]}\n")
+    proc.send_signal(signal.SIGHUP)
+    deadline = time.time() + 20
+    ids = []
+    while time.time() < deadline:
+        ids = [m["id"] for m in httpx.get(f"{base}/v1/models").json()["data"]]
+        if "smol-too" in ids:
+            break
+        time.sleep(0.2)
+    assert ids == ["smol", "smol-too"]
+    cfg.write_text(CONFIG)
+    proc.send_signal(signal.SIGHUP)
+
+
+def test_serve_refuses_no_auth_off_loopback(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(CONFIG)
+    done = subprocess.run([sys.executable, "-m", "gateway.cli", "serve", "--config", str(cfg), "--host", "0.0.0.0",
+                           "--port", str(_free_port())], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 2
+    assert done.stderr.strip().count("\n") == 0 and "loopback only" in done.stderr
+
+
+def test_check_config_exit_codes(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("tiers:\n  small:\n    dtype: int3\n")
+    done = subprocess.run([sys.executable, "-m", "gateway.cli", "check-config", str(bad)], capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert done.returncode == 2 and done.stderr.startswith("tiergate: error: ") and "tiers.small.dtype" in done.stderr
+    assert done.stderr.strip().count("\n") == 0

@@ -1,0 +1,147 @@
+"""A tiny OpenAI-compatible server that answers at once, for `tiergate bench gateway` and tests.
+
+Raw asyncio HTTP/1.1 with keep-alive, so its own cost stays small next to the gateway's:
+chat and text completions (JSON or SSE with usage), /v1/models and /healthz. It answers
+with a fixed text and honest token counts (words of the prompt, words of the answer).
+
+    python -m gateway.bench.gateway_upstream --port 9000
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+
+ANSWER = "The quick brown fox jumps over the lazy dog."
+_WORDS = ANSWER.split(" ")
+
+
+def _usage(prompt_words: int, completion: int) -> dict:
+    return {"prompt_tokens": prompt_words, "completion_tokens": completion, "total_tokens": prompt_words + completion}
+
+
+def _prompt_words(body: dict) -> int:
+    if "messages" in body:
+        return sum(len(str(m.get("content", "")).split()) for m in body["messages"] if isinstance(m, dict))
+    prompt = body.get("prompt", "")
+    return len(prompt.split()) if isinstance(prompt, str) else len(prompt)
+
+
+def _answer(body: dict, chat: bool) -> bytes:
+    n = int(body.get("n") or 1)
+    limit = body.get("max_tokens") or body.get("max_completion_tokens") or len(_WORDS)
+    words = _WORDS[:limit]
+    text = " ".join(words)
+    reason = "length" if limit < len(_WORDS) else "stop"
+    if chat:
+        choices = [{"index": i, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                    "finish_reason": reason} for i in range(n)]
+    else:
+        choices = [{"index": i, "text": text, "logprobs": None, "finish_reason": reason} for i in range(n)]
+    return json.dumps({"id": "cmpl-instant", "object": "chat.completion" if chat else "text_completion",
+                       "created": int(time.time()), "model": body.get("model", "instant"), "choices": choices,
+                       "usage": _usage(_prompt_words(body), len(words) * n)}).encode()
+
+
+def _stream_events(body: dict, chat: bool) -> list[bytes]:
+    limit = body.get("max_tokens") or body.get("max_completion_tokens") or len(_WORDS)
+    words = _WORDS[:limit]
+    head = {"id": "cmpl-instant", "object": "chat.completion.chunk" if chat else "text_completion",
+            "created": int(time.time()), "model": body.get("model", "instant")}
+    events = []
+    for i, word in enumerate(words):
+        piece = word if i == 0 else " " + word
+        choice = ({"index": 0, "delta": {"content": piece}, "finish_reason": None} if chat
+                  else {"index": 0, "text": piece, "finish_reason": None})
+        events.append({**head, "choices": [choice]})
+    reason = "length" if limit < len(_WORDS) else "stop"
+    last = ({"index": 0, "delta": {}, "finish_reason": reason} if chat
+            else {"index": 0, "text": "", "finish_reason": reason})
+    events.append({**head, "choices": [last]})
+    if (body.get("stream_options") or {}).get("include_usage"):
+        events.append({**head, "choices": [], "usage": _usage(_prompt_words(body), len(words))})
+    return [b"data: " + json.dumps(e).encode() + b"\n\n" for e in events] + [b"data: [DONE]\n\n"]
+
+
+def _response(status: int, body: bytes, content_type: str = "application/json") -> bytes:
+    reason = {200: "OK", 400: "Bad Request", 404: "Not Found"}.get(status, "Error")
+    return (f"HTTP/1.1 {status} {reason}\r\ncontent-type: {content_type}\r\ncontent-length: {len(body)}\r\n\r\n"
+            .encode() + body)
+
+
+def _chunked(events: list[bytes]) -> bytes:
+    head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+    return head + b"".join(b"%x\r\n%s\r\n" % (len(e), e) for e in events) + b"0\r\n\r\n"
+
+
+async def _serve_connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        while True:
+            head = await reader.readuntil(b"\r\n\r\n")
+            request_line, *header_lines = head.decode("latin-1").split("\r\n")
+            method, path, _ = request_line.split(" ", 2)
+            length = 0
+            for line in header_lines:
+                name, _, value = line.partition(":")
+                if name.strip().lower() == "content-length":
+                    length = int(value)
+            raw = await reader.readexactly(length) if length else b""
+            writer.write(_route(method, path, raw))
+            await writer.drain()
+    except (asyncio.IncompleteReadError, ConnectionError, ValueError):
+        pass
+    finally:
+        writer.close()
+
+
+def _route(method: str, path: str, raw: bytes) -> bytes:
+    if method == "GET" and path in ("/healthz", "/readyz"):
+        return _response(200, b'{"status":"ok"}')
+    if method == "GET" and path == "/v1/models":
+        return _response(200, b'{"object":"list","data":[{"id":"instant","object":"model","created":0,'
+                              b'"owned_by":"bench"}]}')
+    if method == "POST" and path in ("/v1/chat/completions", "/v1/completions"):
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            return _response(400, b'{"error":{"message":"bad json","type":"invalid_request_error",'
+                                  b'"param":null,"code":null}}')
+        chat = path.endswith("chat/completions")
+        if body.get("stream"):
+            return _chunked(_stream_events(body, chat))
+        return _response(200, _answer(body, chat))
+    return _response(404, b'{"error":{"message":"not found","type":"invalid_request_error","param":null,'
+                          b'"code":null}}')
+
+
+async def serve(host: str, port: int, ready: asyncio.Event | None = None) -> None:
+    server = await asyncio.start_server(_serve_connection, host, port, backlog=1024)
+    if ready is not None:
+        ready.set()
+    async with server:
+        await server.serve_forever()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    args = parser.parse_args()
+    try:
+        _run(serve(args.host, args.port))
+    except KeyboardInterrupt:
+        pass
+
+
+def _run(coro):
+    try:
+        import uvloop  # the gateway's own event loop: keep the upstream as light as it is
+    except ImportError:
+        return asyncio.run(coro)
+    return uvloop.run(coro)
+
+
+if __name__ == "__main__":
+    main()

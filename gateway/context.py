@@ -1,0 +1,103 @@
+"""One object per request that lives from the first byte to the last: who asked, how it was
+classified and routed, which tiers were tried, usage and timings. Headers, the log line and
+(later) spans and metrics are all read from it."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+
+    def add(self, other: Usage) -> None:
+        self.prompt_tokens += other.prompt_tokens
+        self.completion_tokens += other.completion_tokens
+        self.cached_tokens += other.cached_tokens
+
+    def as_openai(self) -> dict:
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+                "total_tokens": self.prompt_tokens + self.completion_tokens,
+                "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}
+
+
+@dataclass(slots=True)
+class RequestContext:
+    request_id: str
+    endpoint: str                         # "chat" | "completions"
+    started: float = field(default_factory=time.perf_counter)
+    received_at: float = field(default_factory=time.time)
+    tenant: str | None = None
+    tenant_class: str | None = None
+    key_name: str | None = None
+    user: str | None = None
+    prefix_scope: str | None = None       # None: the shared prefix cache; else the tenant's own
+    priority: int = 0
+    model: str | None = None              # the alias the client named
+    stream: bool = False
+    prompt_tokens_estimate: int | None = None
+    profile: str | None = None
+    profile_source: str | None = None     # "hint" | "rule" | "default"
+    reasons: list[str] = field(default_factory=list)
+    route_reason: str | None = None
+    chain: tuple[str, ...] = ()
+    tier: str | None = None               # the tier that answered (or is answering)
+    fallbacks: list[str] = field(default_factory=list)   # "tier: why it was skipped"
+    escalated_from: str | None = None
+    usage: Usage = field(default_factory=Usage)          # summed over every tier call, escalation included
+    tier_seconds: float = 0.0             # time spent waiting on tiers (excluded from the overhead)
+    first_token_at: float | None = None
+    headers_at: float | None = None
+    finished_at: float | None = None
+    status: int = 200
+    error: str | None = None
+
+    # ---- timings --------------------------------------------------------------------
+    @property
+    def ttft_ms(self) -> float | None:
+        return None if self.first_token_at is None else (self.first_token_at - self.started) * 1000
+
+    def overhead_ms(self, until: float | None = None) -> float:
+        """Gateway time up to `until` (default now), not counting the time spent in tiers."""
+        end = until if until is not None else time.perf_counter()
+        return max(0.0, (end - self.started - self.tier_seconds) * 1000)
+
+    # ---- outputs --------------------------------------------------------------------
+    def response_headers(self) -> dict[str, str]:
+        self.headers_at = now = time.perf_counter()
+        headers = {"x-request-id": self.request_id, "x-tiergate-overhead-ms": f"{self.overhead_ms(now):.3f}"}
+        if self.tier is not None:
+            headers["x-tiergate-tier"] = self.tier
+        if self.profile is not None:
+            headers["x-tiergate-profile"] = self.profile
+        if self.reasons:
+            headers["x-tiergate-reasons"] = _header_safe("; ".join(self.reasons))
+        if self.fallbacks:
+            headers["x-tiergate-fallbacks"] = _header_safe("; ".join(self.fallbacks))
+        if self.escalated_from is not None:
+            headers["x-tiergate-escalated-from"] = self.escalated_from
+        return headers
+
+    def log_fields(self) -> dict:
+        end = self.finished_at or time.perf_counter()
+        return {
+            "request_id": self.request_id, "endpoint": self.endpoint, "tenant": self.tenant, "user": self.user,
+            "model": self.model, "stream": self.stream, "profile": self.profile, "profile_source": self.profile_source,
+            "reasons": self.reasons, "route": self.route_reason, "chain": list(self.chain), "tier": self.tier,
+            "fallbacks": self.fallbacks, "escalated_from": self.escalated_from, "status": self.status,
+            "error": self.error, "prompt_tokens": self.usage.prompt_tokens,
+            "completion_tokens": self.usage.completion_tokens, "cached_tokens": self.usage.cached_tokens,
+            "ttft_ms": None if self.ttft_ms is None else round(self.ttft_ms, 2),
+            "total_ms": round((end - self.started) * 1000, 2), "overhead_ms": round(self.overhead_ms(end), 3),
+        }
+
+
+def _header_safe(text: str) -> str:
+    # Header values are latin-1 without control characters; reasons are ours but may quote user input.
+    if not (text.isascii() and text.isprintable()):
+        text = "".join(c if " " <= c <= "~" else "?" for c in text)
+    return text[:1024]

@@ -1,0 +1,167 @@
+"""OpenAI response shapes for answers the gateway builds itself (embedded tiers):
+chat.completion / text_completion bodies, their stream chunks, and logprobs."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from engines.sampler import TokenLogprob
+from engines.tokenizer import TextTokenizer
+
+SSE_DONE = b"data: [DONE]\n\n"
+_dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+
+
+def sse_event(obj: dict) -> bytes:
+    return b"data: " + _dumps(obj).encode() + b"\n\n"
+
+
+def json_bytes(obj: dict) -> bytes:
+    return _dumps(obj).encode()
+
+
+def _bytes_to_unicode() -> dict[str, int]:
+    """GPT-2's byte-level alphabet: printable stand-ins for the 256 byte values."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    chars = keep[:]
+    n = 0
+    for b in range(256):
+        if b not in keep:
+            keep.append(b)
+            chars.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(keep, chars)}
+
+
+class TokenPieces:
+    """Each token's own bytes and text, as OpenAI's logprobs report them (cached per id)."""
+
+    def __init__(self, tokenizer: TextTokenizer):
+        self._tok = tokenizer
+        self._byte_level = type(tokenizer.backend.decoder).__name__ == "ByteLevel"
+        self._alphabet = _bytes_to_unicode() if self._byte_level else {}
+        self._cache: dict[int, tuple[str, list[int]]] = {}
+
+    def piece(self, token_id: int) -> tuple[str, list[int]]:
+        hit = self._cache.get(token_id)
+        if hit is not None:
+            return hit
+        raw = None
+        if self._byte_level and token_id not in self._tok.special_ids:
+            surface = self._tok.backend.id_to_token(token_id)
+            if surface is not None and all(c in self._alphabet for c in surface):
+                raw = bytes(self._alphabet[c] for c in surface)
+        if raw is None:
+            raw = self._tok.decode([token_id], skip_special_tokens=False).encode()
+        hit = self._cache[token_id] = (raw.decode("utf-8", errors="replace"), list(raw))
+        return hit
+
+
+def chat_logprobs(lps: list[TokenLogprob], pieces: TokenPieces) -> dict:
+    content = []
+    for lp in lps:
+        text, raw = pieces.piece(lp.token_id)
+        top = []
+        for tid, val in lp.top:
+            t_text, t_raw = pieces.piece(tid)
+            top.append({"token": t_text, "logprob": val, "bytes": t_raw})
+        content.append({"token": text, "logprob": lp.logprob, "bytes": raw, "top_logprobs": top})
+    return {"content": content, "refusal": None}
+
+
+def completion_logprobs(lps: list[TokenLogprob], pieces: TokenPieces, offset: int = 0) -> dict:
+    tokens, values, tops, offsets = [], [], [], []
+    for lp in lps:
+        text, _ = pieces.piece(lp.token_id)
+        tokens.append(text)
+        values.append(lp.logprob)
+        tops.append({pieces.piece(tid)[0]: val for tid, val in lp.top})
+        offsets.append(offset)
+        offset += len(text)
+    return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}
+
+
+@dataclass
+class ChoiceResult:
+    index: int
+    text: str = ""
+    finish_reason: str | None = None
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+
+
+def finish_reason(engine_reason: str | None) -> str | None:
+    # The engine says "abort" when the request was cancelled; OpenAI has no such reason.
+    return "stop" if engine_reason == "abort" else engine_reason
+
+
+def chat_body(rid: str, created: int, model: str, choices: list[ChoiceResult], usage: dict,
+              pieces: TokenPieces | None) -> dict:
+    return {
+        "id": rid, "object": "chat.completion", "created": created, "model": model,
+        "choices": [{
+            "index": c.index,
+            "message": {"role": "assistant", "content": c.text, "refusal": None},
+            "logprobs": chat_logprobs(c.logprobs, pieces) if pieces is not None else None,
+            "finish_reason": finish_reason(c.finish_reason),
+        } for c in choices],
+        "usage": usage,
+    }
+
+
+def completion_body(rid: str, created: int, model: str, choices: list[ChoiceResult], usage: dict,
+                    pieces: TokenPieces | None) -> dict:
+    return {
+        "id": rid, "object": "text_completion", "created": created, "model": model,
+        "choices": [{
+            "index": c.index, "text": c.text,
+            "logprobs": completion_logprobs(c.logprobs, pieces) if pieces is not None else None,
+            "finish_reason": finish_reason(c.finish_reason),
+        } for c in choices],
+        "usage": usage,
+    }
+
+
+class ChunkWriter:
+    """Stream chunks of one response, in chat or completion shape."""
+
+    def __init__(self, chat: bool, rid: str, created: int, model: str, include_usage: bool,
+                 pieces: TokenPieces | None):
+        self.chat = chat
+        self._head = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
+                      "created": created, "model": model}
+        self.include_usage = include_usage
+        self.pieces = pieces
+        self._offsets: dict[int, int] = {}
+
+    def _event(self, choice: dict) -> bytes:
+        obj = {**self._head, "choices": [choice]}
+        if self.include_usage:
+            obj["usage"] = None
+        return sse_event(obj)
+
+    def role(self, index: int) -> bytes:
+        return self._event({"index": index, "delta": {"role": "assistant", "content": ""},
+                            "logprobs": None, "finish_reason": None})
+
+    def delta(self, index: int, text: str, lps: list[TokenLogprob] | None, reason: str | None) -> bytes:
+        logprobs = None
+        if self.pieces is not None and lps:
+            if self.chat:
+                logprobs = chat_logprobs(lps, self.pieces)
+            else:
+                start = self._offsets.get(index, 0)
+                logprobs = completion_logprobs(lps, self.pieces, start)
+        if not self.chat:
+            self._offsets[index] = self._offsets.get(index, 0) + len(text)
+            return self._event({"index": index, "text": text, "logprobs": logprobs,
+                                "finish_reason": finish_reason(reason)})
+        delta = {"content": text} if (text or reason is None) else {}
+        return self._event({"index": index, "delta": delta, "logprobs": logprobs,
+                            "finish_reason": finish_reason(reason)})
+
+    def usage(self, usage: dict) -> bytes:
+        return sse_event({**self._head, "choices": [], "usage": usage})

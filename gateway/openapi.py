@@ -1,0 +1,100 @@
+"""/openapi.json: the request schemas come from the pydantic models the gateway validates
+with, so the document cannot drift from what is accepted."""
+
+from __future__ import annotations
+
+from pydantic.json_schema import models_json_schema
+
+from gateway.schema import ChatCompletionRequest, CompletionRequest
+
+_REF = "#/components/schemas/{model}"
+
+_ERROR = {"type": "object", "required": ["error"], "properties": {"error": {
+    "type": "object", "required": ["message", "type", "param", "code"],
+    "properties": {"message": {"type": "string"}, "type": {"type": "string"},
+                   "param": {"type": ["string", "null"]}, "code": {"type": ["string", "null"]}}}}}
+
+_USAGE = {"type": "object", "properties": {
+    "prompt_tokens": {"type": "integer"}, "completion_tokens": {"type": "integer"},
+    "total_tokens": {"type": "integer"},
+    "prompt_tokens_details": {"type": "object", "properties": {"cached_tokens": {"type": "integer"}}}}}
+
+_CHAT_RESPONSE = {"type": "object", "properties": {
+    "id": {"type": "string"}, "object": {"const": "chat.completion"}, "created": {"type": "integer"},
+    "model": {"type": "string"}, "usage": {"$ref": "#/components/schemas/Usage"},
+    "choices": {"type": "array", "items": {"type": "object", "properties": {
+        "index": {"type": "integer"},
+        "message": {"type": "object", "properties": {"role": {"const": "assistant"}, "content": {"type": "string"}}},
+        "logprobs": {"type": ["object", "null"]},
+        "finish_reason": {"enum": ["stop", "length"]}}}}}}
+
+_COMPLETION_RESPONSE = {"type": "object", "properties": {
+    "id": {"type": "string"}, "object": {"const": "text_completion"}, "created": {"type": "integer"},
+    "model": {"type": "string"}, "usage": {"$ref": "#/components/schemas/Usage"},
+    "choices": {"type": "array", "items": {"type": "object", "properties": {
+        "index": {"type": "integer"}, "text": {"type": "string"}, "logprobs": {"type": ["object", "null"]},
+        "finish_reason": {"enum": ["stop", "length"]}}}}}}
+
+_MODELS = {"type": "object", "properties": {"object": {"const": "list"}, "data": {"type": "array", "items": {
+    "type": "object", "properties": {"id": {"type": "string"}, "object": {"const": "model"},
+                                     "created": {"type": "integer"}, "owned_by": {"type": "string"}}}}}}
+
+_ROUTING_HEADERS = {
+    "x-request-id": "id of this request in logs and traces",
+    "x-tiergate-tier": "tier that answered",
+    "x-tiergate-profile": "latency, throughput or memory",
+    "x-tiergate-overhead-ms": "gateway time excluding the tier's",
+    "x-tiergate-reasons": "why the request got its profile (and escalation notes)",
+    "x-tiergate-fallbacks": "tiers skipped before the one that answered, with the reason",
+}
+
+
+def _error_responses() -> dict:
+    ref = {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
+    return {str(code): {"description": text, **ref} for code, text in [
+        (400, "bad input: malformed JSON, wrong type, out-of-range value, context_length_exceeded"),
+        (401, "missing or invalid API key (when auth is on)"), (404, "unknown model"),
+        (413, "request body too large"), (503, "no tier could serve the request")]}
+
+
+def _completion_path(summary: str, request: str, response: str) -> dict:
+    headers = {name: {"description": text, "schema": {"type": "string"}} for name, text in _ROUTING_HEADERS.items()}
+    return {"post": {
+        "summary": summary,
+        "security": [{"bearer": []}, {}],
+        "parameters": [{"name": "x-tiergate-profile", "in": "header", "required": False,
+                        "description": "profile hint, honoured when the tenant allows it",
+                        "schema": {"enum": ["latency", "throughput", "memory"]}}],
+        "requestBody": {"required": True, "content": {"application/json": {"schema": {"$ref": _REF.format(model=request)}}}},
+        "responses": {
+            "200": {"description": "the answer; with stream: true, server-sent events ending in `data: [DONE]`",
+                    "headers": headers,
+                    "content": {"application/json": {"schema": {"$ref": _REF.format(model=response)}},
+                                "text/event-stream": {"schema": {"type": "string"}}}},
+            **_error_responses()}}}
+
+
+def openapi_document() -> dict:
+    _, defs = models_json_schema([(ChatCompletionRequest, "validation"), (CompletionRequest, "validation")],
+                                 ref_template=_REF)
+    schemas = dict(defs.get("$defs", {}))
+    schemas.update(Error=_ERROR, Usage=_USAGE, ChatCompletion=_CHAT_RESPONSE, Completion=_COMPLETION_RESPONSE,
+                   ModelList=_MODELS)
+    simple = {"200": {"description": "ok"}}
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "tiergate", "version": "0.1.0",
+                 "description": "OpenAI-compatible gateway with embedded engines and remote tiers"},
+        "components": {"schemas": schemas, "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
+        "paths": {
+            "/v1/chat/completions": _completion_path("Chat completion", "ChatCompletionRequest", "ChatCompletion"),
+            "/v1/completions": _completion_path("Text completion", "CompletionRequest", "Completion"),
+            "/v1/models": {"get": {"summary": "Model ids this caller may use", "responses": {"200": {
+                "description": "the list", "content": {"application/json": {"schema": {
+                    "$ref": "#/components/schemas/ModelList"}}}}, "401": _error_responses()["401"]}}},
+            "/healthz": {"get": {"summary": "The process is up", "responses": simple}},
+            "/readyz": {"get": {"summary": "Every tier is loaded (503 with per-tier states until then)",
+                                "responses": {**simple, "503": {"description": "still loading or a tier failed"}}}},
+            "/openapi.json": {"get": {"summary": "This document", "responses": simple}},
+        },
+    }

@@ -1,0 +1,98 @@
+"""Everything derived from one config: compiled rules, the key table, the tier objects.
+
+A request reads `holder.current` once and keeps that snapshot to the end, so a hot reload
+(one reference assignment) never mixes two configs inside a request.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gateway.auth import KeyTable
+from gateway.tiers.base import Tier
+from gateway.tiers.embedded import EmbeddedTier
+from gateway.tiers.upstream import UpstreamTier
+from policies.classify import Classifier
+from policies.config import GatewayConfig, TenantConfig
+from policies.route import Router
+from policies.tier_config import EmbeddedTierConfig
+
+
+def make_tier(name: str, config) -> Tier:
+    return EmbeddedTier(name, config) if isinstance(config, EmbeddedTierConfig) else UpstreamTier(name, config)
+
+
+def same_tier_config(a, b) -> bool:
+    """Whether a tier can be kept across a reload (its served name may change freely)."""
+    if type(a) is not type(b):
+        return False
+    return a.model_dump(exclude={"served_name"}) == b.model_dump(exclude={"served_name"})
+
+
+@dataclass
+class Runtime:
+    config: GatewayConfig
+    tiers: dict[str, Tier]
+    classifier: Classifier = field(init=False)
+    router: Router = field(init=False)
+    keys: KeyTable = field(init=False)
+    # Per model alias: the embedded tiers of its chain, whose tokenizer can count prompt tokens.
+    counters: dict[str, list[str]] = field(init=False)
+    # Whether some upstream tier of an alias checks context length itself (needs an estimate).
+    estimates: dict[str, bool] = field(init=False)
+    max_body_bytes: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        cfg = self.config
+        self.classifier = Classifier(cfg.classification)
+        self.router = Router(cfg.models, cfg.routing.rules)
+        self.keys = KeyTable(cfg.auth)
+        self.max_body_bytes = int(cfg.server.max_body_bytes)
+        self.counters, self.estimates = {}, {}
+        for alias, model in cfg.models.items():
+            reachable = list(model.chain)
+            for rule in cfg.routing.rules:
+                if rule.match.model is None or alias in (rule.match.model if isinstance(rule.match.model, list)
+                                                         else [rule.match.model]):
+                    reachable += [t for t in rule.chain if t not in reachable]
+            self.counters[alias] = [t for t in reachable if isinstance(self.tiers[t], EmbeddedTier)]
+            self.estimates[alias] = any(isinstance(self.tiers[t], UpstreamTier) and self.tiers[t].context_length
+                                        for t in reachable)
+
+    def tenant(self, name: str) -> TenantConfig:
+        return self.config.tenants[name]
+
+    def usable(self, tier_name: str) -> str | None:
+        return self.tiers[tier_name].unusable_reason()
+
+    def models_for(self, tenant: TenantConfig) -> list[str]:
+        allowed = tenant.models
+        return [m for m in self.config.models if allowed is None or m in allowed]
+
+    @property
+    def ready(self) -> bool:
+        return all(t.ready for t in self.tiers.values())
+
+
+class RuntimeHolder:
+    def __init__(self, runtime: Runtime, config_path: str | None = None):
+        self.current = runtime
+        self.config_path = config_path
+        self.generation = 1
+
+    def swap(self, runtime: Runtime) -> None:
+        self.current = runtime
+        self.generation += 1
+
+
+def build_runtime(config: GatewayConfig, reuse: dict[str, Tier] | None = None) -> Runtime:
+    reuse = reuse or {}
+    tiers = {}
+    for name, tier_cfg in config.tiers.items():
+        prev = reuse.get(name)
+        if prev is not None and same_tier_config(prev.config, tier_cfg):
+            prev.config = tier_cfg
+            tiers[name] = prev
+        else:
+            tiers[name] = make_tier(name, tier_cfg)
+    return Runtime(config, tiers)

@@ -1,0 +1,179 @@
+"""OpenAI request bodies as pydantic models, parsed and validated in one pass from the raw bytes.
+
+Types are strict (a string where a number belongs is an error, as at OpenAI). Unknown fields
+are kept, so an upstream tier (vLLM, SGLang) receives its own extensions unchanged;
+embedded tiers ignore them.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+
+from gateway.errors import GatewayError
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)
+
+
+class TextPart(_Body):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Body):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+
+    @model_validator(mode="after")
+    def _content_present(self) -> ChatMessage:
+        if self.content is None and self.role != "assistant":
+            raise ValueError(f"a {self.role} message needs content")
+        return self
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class StreamOptions(_Body):
+    include_usage: bool = False
+
+
+class _Sampling(_Body):
+    model: str = Field(min_length=1)
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    n: int = Field(1, ge=1, le=16)
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    user: str | None = Field(None, max_length=256)
+    # Extensions that vLLM also accepts.
+    top_k: int | None = Field(None, ge=0)
+    min_p: float | None = Field(None, ge=0, le=1)
+    ignore_eos: bool = False
+
+    @field_validator("stop")
+    @classmethod
+    def _check_stop(cls, value):
+        stops = [value] if isinstance(value, str) else (value or [])
+        if len(stops) > 4 or not all(stops):
+            raise ValueError("stop must be at most 4 non-empty strings")
+        return value
+
+    @field_validator("stream_options")
+    @classmethod
+    def _options_need_stream(cls, value, info: ValidationInfo):
+        if value is not None and not info.data.get("stream"):
+            raise ValueError("stream_options is only allowed when stream is true")
+        return value
+
+    def stop_list(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class ChatCompletionRequest(_Sampling):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _needs_logprobs(cls, value, info: ValidationInfo):
+        if value and not info.data.get("logprobs"):
+            raise ValueError("top_logprobs requires logprobs to be true")
+        return value
+
+    @property
+    def output_limit(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+    @property
+    def num_top_logprobs(self) -> int:
+        return self.top_logprobs or 0
+
+
+class CompletionRequest(_Sampling):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    logprobs: int | None = Field(None, ge=0, le=20)
+    echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = Field(None, ge=1, le=16)
+
+    @field_validator("prompt")
+    @classmethod
+    def _non_empty(cls, value):
+        if isinstance(value, list) and (not value or any(isinstance(x, list) and not x for x in value)):
+            raise ValueError("prompt must not be empty")
+        return value
+
+    @field_validator("best_of")
+    @classmethod
+    def _best_of_covers_n(cls, value, info: ValidationInfo):
+        if value is not None and value < info.data.get("n", 1):
+            raise ValueError("best_of must be at least n")
+        return value
+
+    @property
+    def output_limit(self) -> int | None:
+        return self.max_tokens
+
+    def prompts(self) -> list[str | list[int]]:
+        """One entry per prompt: text, or token ids."""
+        p = self.prompt
+        if isinstance(p, str):
+            return [p]
+        if all(isinstance(x, int) for x in p):
+            return [list(p)]
+        return list(p)
+
+
+RequestBody = ChatCompletionRequest | CompletionRequest
+
+
+def parse_body(model: type[RequestBody], raw: bytes) -> RequestBody:
+    """The validated body, or a 400 GatewayError naming the field."""
+    try:
+        return model.model_validate_json(raw)
+    except ValidationError as exc:
+        raise _to_error(exc) from None
+
+
+def _to_error(exc: ValidationError) -> GatewayError:
+    first = exc.errors(include_url=False)[0]
+    if first["type"] == "json_invalid":
+        return GatewayError(400, f"request body is not valid JSON ({first['msg']})")
+    if first["type"] in ("model_type", "model_attributes_type") and not first["loc"]:
+        return GatewayError(400, "request body must be a JSON object")
+    loc = [str(p) for p in first["loc"] if not _is_union_tag(p)]
+    param = ".".join(loc) or None
+    msg = first["msg"].removeprefix("Value error, ")
+    if first["type"] == "missing":
+        msg = f"'{param}' is a required property"
+    elif param:
+        msg = f"invalid value for '{param}': {msg}"
+    return GatewayError(400, msg, param=param)
+
+
+def _is_union_tag(part) -> bool:
+    # pydantic adds the tried type to a union error's location (messages.0.content.str): drop it.
+    return isinstance(part, str) and (part in ("str", "int", "float", "bool", "TextPart")
+                                      or part.startswith(("function-", "list[", "nullable[")))

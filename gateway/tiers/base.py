@@ -1,0 +1,96 @@
+"""What every tier offers the request pipeline, and how its failures are told apart.
+
+Three outcomes besides an answer, so fallback and circuit breakers can act on them:
+- GatewayError: the request itself is wrong (4xx); it goes back to the client as is.
+- TierUnfit: the request cannot run on this tier (prompt beyond its context); the next tier
+  in the chain may take it; not a tier failure.
+- TierFailure: the tier failed on its side (not loaded, engine dead, upstream down, 5xx,
+  timeout); the next tier is tried if nothing was streamed yet, and a breaker counts it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from gateway.context import RequestContext, Usage
+from gateway.errors import GatewayError
+from gateway.schema import RequestBody
+
+
+class TierFailure(Exception):
+    """A server-side failure of one tier."""
+
+
+class TierUnfit(Exception):
+    """This tier cannot take the request; `error` is what the client gets if no tier can."""
+
+    def __init__(self, error: GatewayError):
+        super().__init__(error.message)
+        self.error = error
+
+
+@dataclass
+class TierCall:
+    ctx: RequestContext
+    body: RequestBody
+    alias: str                       # the model id the client named, echoed in responses
+    want_logprobs: bool = False      # escalation needs the answer's token logprobs
+    # Prompt token ids already computed (classification), keyed by tokenizer identity.
+    prompt_ids: dict[str, list[list[int]]] = field(default_factory=dict)
+
+    @property
+    def endpoint(self) -> str:
+        return self.ctx.endpoint
+
+
+@dataclass
+class TierAnswer:
+    body: bytes                      # the OpenAI JSON response, ready to send
+    usage: Usage
+    mean_logprob: float | None = None
+
+
+class Tier:
+    """Base of both tier kinds. `state` is "loading", "ready" or "failed"."""
+
+    kind = "abstract"
+
+    def __init__(self, name: str, config):
+        self.name = name
+        self.config = config
+        self.state = "loading"
+        self.error: str | None = None
+
+    @property
+    def ready(self) -> bool:
+        return self.state == "ready"
+
+    def unusable_reason(self) -> str | None:
+        if self.state == "ready":
+            return None
+        return "still loading" if self.state == "loading" else f"failed: {self.error}"
+
+    @property
+    def context_length(self) -> int | None:
+        return None
+
+    def describe(self) -> dict:
+        out = {"kind": self.kind, "state": self.state}
+        if self.error:
+            out["error"] = self.error
+        return out
+
+    async def start(self) -> None:
+        raise NotImplementedError
+
+    async def close(self) -> None:
+        raise NotImplementedError
+
+    async def complete(self, call: TierCall) -> TierAnswer:
+        raise NotImplementedError
+
+    def stream(self, call: TierCall) -> AsyncIterator[bytes]:
+        """SSE bytes. The first item arrives only once the tier has produced output, so a tier
+        that fails raises before any byte reaches the client."""
+        raise NotImplementedError

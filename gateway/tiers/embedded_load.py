@@ -1,0 +1,66 @@
+"""Build one embedded tier's engine from its YAML settings (runs in a worker thread).
+
+Options the engine does not support yet (speculative decoding, a KV dtype) do not stop the
+tier: it runs without them and says so at start and in /readyz.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from engines.engine_config import EngineConfig
+from engines.errors import ModelLoadError
+from engines.llm_engine import LLMEngine
+from engines.loaded_model import load_model
+from engines.spec.config import SpeculativeConfig
+from policies.tier_config import EmbeddedTierConfig
+
+log = logging.getLogger(__name__)
+
+
+def speculation_supported() -> bool:
+    return bool(getattr(LLMEngine, "spec_supported", False))
+
+
+def _weights_source(name: str, cfg: EmbeddedTierConfig, notes: list[str]) -> str:
+    if not cfg.quantization:
+        return cfg.model
+    from gateway.quantize_cmd import ensure_quantized
+    try:
+        return str(ensure_quantized(cfg.model, cfg.quantization, cfg.quant_group_size))
+    except (ModelLoadError, ValueError, NotImplementedError, RuntimeError) as exc:
+        notes.append(f"{cfg.quantization} weights ({exc}): runs {cfg.dtype}")
+        log.warning("tier %s: cannot build %s weights (%s); running unquantized %s", name, cfg.quantization,
+                    exc, cfg.dtype)
+        return cfg.model
+
+
+def build_engine(name: str, cfg: EmbeddedTierConfig) -> tuple[LLMEngine, list[str]]:
+    notes: list[str] = []
+    loaded = load_model(_weights_source(name, cfg, notes), cfg.dtype)
+    spec = None
+    if cfg.speculative is not None:
+        if speculation_supported():
+            spec = SpeculativeConfig(**cfg.speculative.model_dump())
+        else:
+            notes.append("speculative decoding (not in this engine yet)")
+            log.warning("tier %s: this engine has no speculative decoding yet; the tier decodes without it", name)
+
+    def make(kv_dtype: str | None) -> LLMEngine:
+        return LLMEngine(loaded, EngineConfig(
+            kv_cache_memory_bytes=int(cfg.kv_cache_memory), block_size=cfg.block_size,
+            max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens,
+            max_model_len=cfg.max_model_len, enable_prefix_caching=cfg.enable_prefix_caching,
+            kv_cache_dtype=kv_dtype, speculative=spec))
+
+    kv = cfg.kv_cache_dtype
+    try:
+        engine = make(kv)
+    except (ModelLoadError, ValueError, KeyError, NotImplementedError, TypeError) as exc:
+        if kv is None:
+            raise
+        notes.append(f"{kv} KV cache ({exc}): KV in {cfg.dtype}")
+        log.warning("tier %s: %s KV cache is not supported by this engine yet (%s); KV stays %s",
+                    name, kv, exc, cfg.dtype)
+        engine = make(None)
+    return engine, notes

@@ -1,0 +1,131 @@
+"""Classify a request as latency-, throughput- or memory-bound, with the reasons why.
+
+Rules are compiled once per config into small predicate closures, so classifying a request
+is a handful of comparisons. Pure: no I/O, no engine, no HTTP.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from policies.policy_config import PROFILES, ClassificationConfig, ClassifyRule, NumberCondition
+
+
+@dataclass(slots=True)
+class RequestFeatures:
+    endpoint: str                  # "chat" | "completions"
+    model: str                     # the model alias asked for
+    tenant: str
+    tenant_class: str
+    stream: bool
+    n: int = 1
+    max_tokens: int | None = None  # None: the client left it to the context length
+    prompt_tokens: int | None = None
+
+
+@dataclass(slots=True)
+class Classification:
+    profile: str
+    source: str                    # "hint" | "rule" | "default"
+    reasons: list[str] = field(default_factory=list)
+
+
+# A check returns None when it fails, else a short text saying why it held.
+Check = Callable[[RequestFeatures], "str | None"]
+
+_BOUNDS = (("gt", operator.gt, ">"), ("gte", operator.ge, ">="), ("lt", operator.lt, "<"), ("lte", operator.le, "<="))
+
+
+def _number_check(name: str, cond: NumberCondition) -> Check:
+    bounds = [(getattr(cond, key), op, sym) for key, op, sym in _BOUNDS if getattr(cond, key) is not None]
+    text = " and ".join(f"{sym} {_num(v)}" for v, _, sym in bounds)
+
+    def check(f: RequestFeatures) -> str | None:
+        value = getattr(f, name)
+        if value is None:
+            return None
+        for bound, op, _ in bounds:
+            if not op(value, bound):
+                return None
+        return f"{name} {value} {text}"
+    return check
+
+
+def _choice_check(name: str, allowed) -> Check:
+    values = frozenset(allowed if isinstance(allowed, list) else [allowed])
+
+    def check(f: RequestFeatures) -> str | None:
+        value = getattr(f, name)
+        return f"{name} {value}" if value in values else None
+    return check
+
+
+def _bool_check(name: str, expected: bool) -> Check:
+    def check(f: RequestFeatures) -> str | None:
+        return f"{name} {str(expected).lower()}" if getattr(f, name) is expected else None
+    return check
+
+
+def _num(v: float) -> str:
+    return str(int(v)) if float(v).is_integer() else str(v)
+
+
+@dataclass(slots=True)
+class _CompiledRule:
+    label: str
+    profile: str
+    checks: list[Check]
+
+    def match(self, f: RequestFeatures) -> list[str] | None:
+        why = []
+        for check in self.checks:
+            held = check(f)
+            if held is None:
+                return None
+            why.append(held)
+        return why
+
+
+def _compile(index: int, rule: ClassifyRule) -> _CompiledRule:
+    checks: list[Check] = []
+    when = rule.when
+    for name in ("prompt_tokens", "max_tokens", "n"):
+        cond = getattr(when, name)
+        if cond is not None:
+            checks.append(_number_check(name, cond))
+    if when.stream is not None:
+        checks.append(_bool_check("stream", when.stream))
+    for name in ("endpoint", "tenant", "tenant_class", "model"):
+        value = getattr(when, name)
+        if value is not None:
+            checks.append(_choice_check(name, value))
+    return _CompiledRule(f"rule {rule.name or index}", rule.profile, checks)
+
+
+class Classifier:
+    def __init__(self, config: ClassificationConfig):
+        self.default_profile = config.default_profile
+        self.honour_hint = config.honour_hint
+        self._rules = [_compile(i, r) for i, r in enumerate(config.rules)]
+        # Counting prompt tokens costs a tokenization: do it only when a rule looks at it.
+        self.needs_prompt_tokens = any(r.when.prompt_tokens is not None for r in config.rules)
+
+    def classify(self, features: RequestFeatures, hint: str | None = None,
+                 hint_allowed: bool = True) -> Classification:
+        """`hint` is the x-tiergate-profile header, already checked to name a profile."""
+        ignored = None
+        if hint is not None:
+            if hint not in PROFILES:
+                raise ValueError(f"unknown profile {hint!r}")
+            if self.honour_hint and hint_allowed:
+                return Classification(hint, "hint", [f"hint {hint}"])
+            ignored = "hint ignored (not allowed for this tenant)" if self.honour_hint else "hint ignored (off)"
+        for rule in self._rules:
+            why = rule.match(features)
+            if why is not None:
+                reasons = [f"{rule.label}: {', '.join(why)}" if why else rule.label]
+                return Classification(rule.profile, "rule", [ignored, *reasons] if ignored else reasons)
+        reasons = ["no rule matched: default"]
+        return Classification(self.default_profile, "default", [ignored, *reasons] if ignored else reasons)

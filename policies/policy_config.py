@@ -1,0 +1,127 @@
+"""YAML schema of who may call (API keys, tenants) and how requests are classified and routed."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+Profile = Literal["latency", "throughput", "memory"]
+PROFILES: tuple[str, ...] = ("latency", "throughput", "memory")
+Endpoint = Literal["chat", "completions"]
+
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+def hash_api_key(key: str) -> str:
+    """Keys are stored and compared as SHA-256 hex digests, never as plain text."""
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+class ApiKeyConfig(_Strict):
+    tenant: str
+    sha256: str | None = Field(None, description="hex SHA-256 of the key (`tiergate hash-key KEY` prints it)")
+    env: str | None = Field(None, description="environment variable holding the key itself")
+    name: str | None = Field(None, description="label for logs")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ApiKeyConfig:
+        if (self.sha256 is None) == (self.env is None):
+            raise ValueError("give exactly one of sha256 or env")
+        if self.sha256 is not None:
+            self.sha256 = self.sha256.lower()
+            if not _HEX64.match(self.sha256):
+                raise ValueError("sha256 must be 64 hex digits")
+        elif not os.environ.get(self.env or ""):
+            raise ValueError(f"environment variable {self.env} is not set")
+        return self
+
+    def digest(self) -> str:
+        return self.sha256 if self.sha256 is not None else hash_api_key(os.environ[self.env or ""])
+
+
+class AuthConfig(_Strict):
+    enabled: bool = True
+    keys: list[ApiKeyConfig] = []
+    anonymous_tenant: str = Field("default", description="tenant of every request when auth is off")
+
+
+class TenantConfig(_Strict):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    tenant_class: str = Field("standard", alias="class", description="used by classification and routing rules")
+    allow_profile_hint: bool = Field(True, description="honour the x-tiergate-profile header")
+    models: list[str] | None = Field(None, description="model aliases this tenant may use; null: all")
+    prefix_cache: Literal["shared", "isolated"] = Field("shared", description="isolated: no prefix sharing with others")
+    priority: int = Field(0, description="engine scheduling priority (higher first)")
+
+
+class NumberCondition(_Strict):
+    gt: float | None = None
+    gte: float | None = None
+    lt: float | None = None
+    lte: float | None = None
+
+    @model_validator(mode="after")
+    def _some_bound(self) -> NumberCondition:
+        if self.gt is None and self.gte is None and self.lt is None and self.lte is None:
+            raise ValueError("give at least one of gt, gte, lt, lte")
+        return self
+
+
+class ClassifyWhen(_Strict):
+    """All conditions given must hold. Strings accept one value or a list of values."""
+    prompt_tokens: NumberCondition | None = None
+    max_tokens: NumberCondition | None = None
+    n: NumberCondition | None = None
+    stream: bool | None = None
+    endpoint: Endpoint | list[Endpoint] | None = None
+    tenant: str | list[str] | None = None
+    tenant_class: str | list[str] | None = None
+    model: str | list[str] | None = None
+
+
+class ClassifyRule(_Strict):
+    name: str | None = None
+    profile: Profile
+    when: ClassifyWhen
+
+
+class ClassificationConfig(_Strict):
+    default_profile: Profile = "throughput"
+    honour_hint: bool = Field(True, description="accept x-tiergate-profile from tenants that allow it")
+    rules: list[ClassifyRule] = Field([], description="first match wins")
+
+
+class RouteMatch(_Strict):
+    tenant: str | list[str] | None = None
+    tenant_class: str | list[str] | None = None
+    model: str | list[str] | None = None
+    profile: Profile | list[Profile] | None = None
+
+
+class EscalationConfig(_Strict):
+    to: str = Field(description="tier that answers again when the first answer looks unsure")
+    below_mean_logprob: float = Field(lt=0, description="escalate when the mean token logprob is below this")
+
+
+class RouteRule(_Strict):
+    name: str | None = None
+    match: RouteMatch = RouteMatch()
+    chain: list[str] = Field(min_length=1, description="tiers in order: the first ready one answers")
+    escalate: EscalationConfig | None = Field(None, description="non-streaming requests only")
+
+
+class RoutingConfig(_Strict):
+    rules: list[RouteRule] = Field([], description="first match wins; else the model alias's chain")
+
+
+class ModelAliasConfig(_Strict):
+    chain: list[str] = Field(min_length=1, description="default tier order for this model id")
+    escalate: EscalationConfig | None = None

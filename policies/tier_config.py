@@ -1,0 +1,101 @@
+"""YAML schema of tiers: embedded engines and remote OpenAI-compatible upstreams."""
+
+from __future__ import annotations
+
+import os
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ByteSize, ConfigDict, Discriminator, Field, Tag, model_validator
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SpeculativeSettings(_Strict):
+    """Mirrors engines.spec.config.SpeculativeConfig field for field (policies never imports engines)."""
+    method: Literal["ngram", "draft", "self"]
+    num_tokens: int = Field(4, ge=1, le=16)
+    draft_model: str | None = None
+    draft_quantization: Literal["int8", "int4-rtn", "int4-awq", "fp8"] | None = "int4-rtn"
+    draft_kv_cache_dtype: Literal["int8", "fp8", "int4"] | None = "int8"
+    ngram_max: int = Field(4, ge=1)
+    ngram_min: int = Field(1, ge=1)
+    adaptive: bool = True
+    max_batch: int = Field(8, ge=1)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> SpeculativeSettings:
+        if self.method == "draft" and not self.draft_model:
+            raise ValueError("method 'draft' needs draft_model")
+        if self.ngram_min > self.ngram_max:
+            raise ValueError("ngram_min must not exceed ngram_max")
+        return self
+
+
+class EmbeddedTierConfig(_Strict):
+    kind: Literal["embedded"] = "embedded"
+    model: str = Field("default", description="'default' (bundled SmolLM2), a .gguf file or an HF directory")
+    served_name: str | None = Field(None, description="model id shown to clients; defaults to the tier name")
+    dtype: Literal["float32", "bfloat16"] = "bfloat16"
+    max_model_len: int = Field(2048, gt=0)
+    kv_cache_memory: ByteSize = Field(ByteSize(512 * 2**20), description="KV pool size, e.g. '512MiB'")
+    block_size: int = Field(16, gt=0, le=256)
+    max_num_seqs: int = Field(128, gt=0)
+    max_num_batched_tokens: int = Field(2048, gt=0)
+    enable_prefix_caching: bool = True
+    quantization: Literal["int8", "int4-rtn", "int4-awq", "fp8"] | None = Field(
+        None, description="weight quantization; the artifact is built and cached on first start")
+    quant_group_size: Literal[32, 64, 128, 256] = 128
+    kv_cache_dtype: Literal["int8", "fp8", "int4"] | None = Field(None, description="None: the model dtype")
+    speculative: SpeculativeSettings | None = None
+
+    @model_validator(mode="after")
+    def _budget_covers_batch(self) -> EmbeddedTierConfig:
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError("max_num_batched_tokens must be at least max_num_seqs")
+        return self
+
+
+class UpstreamTierConfig(_Strict):
+    """An OpenAI-compatible server (vLLM, SGLang, another tiergate) reached over pooled HTTP."""
+    kind: Literal["upstream"]
+    base_url: str = Field(description="e.g. http://10.0.0.5:8000/v1 (the prefix before /chat/completions)")
+    model: str = Field(description="model name the upstream expects in the request body")
+    served_name: str | None = None
+    api_key_env: str | None = Field(None, description="environment variable holding the upstream's API key")
+    connect_timeout_s: float = Field(5.0, gt=0)
+    read_timeout_s: float = Field(120.0, gt=0, description="longest wait for the next byte of the answer")
+    max_connections: int = Field(256, gt=0)
+    max_model_len: int | None = Field(None, gt=0, description="context length, if known (else the upstream checks)")
+    transport: Literal["pooled", "httpcore"] = Field(
+        "pooled", description="httpx transport: tiergate's lean HTTP/1.1 pool, or httpx's default httpcore")
+    verify_tls: bool = True
+
+    @model_validator(mode="after")
+    def _check(self) -> UpstreamTierConfig:
+        if not self.base_url.startswith(("http://", "https://")):
+            raise ValueError("base_url must start with http:// or https://")
+        self.base_url = self.base_url.rstrip("/")
+        if self.api_key_env is not None and not os.environ.get(self.api_key_env):
+            raise ValueError(f"environment variable {self.api_key_env} (api_key_env) is not set")
+        return self
+
+    def api_key(self) -> str | None:
+        return os.environ.get(self.api_key_env) if self.api_key_env else None
+
+
+def _tier_kind(value) -> str:
+    # `kind` may be left out: a tier is embedded unless it says otherwise.
+    if isinstance(value, dict):
+        return value.get("kind", "embedded")
+    return getattr(value, "kind", "embedded")
+
+
+TierConfig = Annotated[
+    Annotated[EmbeddedTierConfig, Tag("embedded")] | Annotated[UpstreamTierConfig, Tag("upstream")],
+    Discriminator(_tier_kind),
+]
+
+# Backwards-compatible name used before upstream tiers existed.
+EmbeddedTier = EmbeddedTierConfig

@@ -1,0 +1,165 @@
+"""Start a real gateway (uvicorn on a free loopback port, in a thread of the test process) and,
+when wanted, the instant OpenAI-compatible upstream in another thread.
+
+In-process so tests can look inside the tiers (an engine's KV blocks) while talking to the
+gateway over real HTTP. Gateways are shared per pytest session through `shared()`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import uvicorn
+
+from gateway.app import build_app
+from gateway.bench.gateway_upstream import serve as serve_upstream
+from gateway.reload import ConfigReloader
+from gateway.runtime import RuntimeHolder, build_runtime
+from policies.config import load_config
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class RunningGateway:
+    def __init__(self, config_path: Path, wait_ready: bool = True, timeout_s: float = 300):
+        self.config_path = Path(config_path)
+        cfg = load_config(self.config_path)
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.holder = RuntimeHolder(build_runtime(cfg), str(self.config_path))
+        self.reloader = ConfigReloader(self.holder, self.config_path, "127.0.0.1")
+        app = build_app(self.holder, self.reloader)
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
+                                                   access_log=False, lifespan="on"))
+        self.thread = threading.Thread(target=self.server.run, name="test-gateway", daemon=True)
+        self.thread.start()
+        self._wait("/healthz", 60)
+        if wait_ready:
+            self._wait("/readyz", timeout_s)
+
+    def _wait(self, path: str, timeout_s: float) -> None:
+        deadline = time.time() + timeout_s
+        last = None
+        while time.time() < deadline:
+            try:
+                last = httpx.get(self.base + path, timeout=2)
+                if last.status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(f"gateway {path} not 200 after {timeout_s}s: {last.text if last else 'no answer'}")
+
+    @property
+    def runtime(self):
+        return self.holder.current
+
+    def reload(self, why: str = "test") -> bool:
+        """Run a reload on the server's own loop and wait for its verdict."""
+        loop = self.server_loop()
+        return asyncio.run_coroutine_threadsafe(self.reloader.reload(why), loop).result(timeout=30)
+
+    def server_loop(self) -> asyncio.AbstractEventLoop:
+        for server in self.server.servers:
+            return server.get_loop()
+        raise RuntimeError("server not started")
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=60)
+
+
+class InstantUpstream:
+    """gateway.bench.gateway_upstream in a thread."""
+
+    def __init__(self):
+        self.port = free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}/v1"
+        ready = threading.Event()
+        self._loop = asyncio.new_event_loop()
+
+        def run():
+            asyncio.set_event_loop(self._loop)
+            started = asyncio.Event()
+            task = self._loop.create_task(serve_upstream("127.0.0.1", self.port, started))
+            self._loop.run_until_complete(started.wait())
+            ready.set()
+            try:
+                self._loop.run_until_complete(task)
+            except asyncio.CancelledError:
+                pass
+
+        self._task_thread = threading.Thread(target=run, name="instant-upstream", daemon=True)
+        self._task_thread.start()
+        if not ready.wait(10):
+            raise RuntimeError("instant upstream did not start")
+
+    def stop(self) -> None:
+        def cancel_all():
+            for task in asyncio.all_tasks(self._loop):
+                task.cancel()
+        self._loop.call_soon_threadsafe(cancel_all)
+        self._task_thread.join(timeout=10)
+
+
+def shared(request, key: str, factory):
+    """One instance per pytest session for `key`, stopped when the session ends."""
+    stash = request.config.__dict__.setdefault("_tiergate_shared", {})
+    if key not in stash:
+        stash[key] = factory()
+        request.config.add_cleanup(stash[key].stop)
+    return stash[key]
+
+
+def embedded_config(tiny_dir: Path) -> str:
+    """The real model (fp32: greedy answers are exact) and two tiny random tiers for routing."""
+    tiny = (f"{{model: '{tiny_dir}', dtype: float32, max_model_len: 256, kv_cache_memory: 4MiB, "
+            "max_num_seqs: 8, max_num_batched_tokens: 256}")
+    return f"""
+auth: {{enabled: false}}
+server: {{reload_poll_s: 0}}
+tiers:
+  smol: {{model: default, dtype: float32, max_model_len: 512, kv_cache_memory: 64MiB, max_num_seqs: 16,
+          max_num_batched_tokens: 512}}
+  tiny-a: {tiny}
+  tiny-b: {tiny}
+  broken: {{model: '{tiny_dir}/missing', dtype: float32}}
+models:
+  smol: {{chain: [smol]}}
+  multi: {{chain: [smol]}}
+  routed: {{chain: [broken, smol]}}
+  esc: {{chain: [tiny-a], escalate: {{to: smol, below_mean_logprob: -0.5}}}}
+  no-esc: {{chain: [tiny-a], escalate: {{to: smol, below_mean_logprob: -1000}}}}
+classification:
+  rules:
+    - {{name: long, profile: memory, when: {{prompt_tokens: {{gte: 300}}, model: multi}}}}
+routing:
+  rules:
+    - {{name: lat, match: {{profile: latency, model: multi}}, chain: [tiny-a, smol]}}
+    - {{name: mem, match: {{profile: memory, model: multi}}, chain: [tiny-b, smol]}}
+"""
+
+
+def start_embedded_gateway(tmp_dir: Path) -> RunningGateway:
+    from tests.tiny_models import write_tiny_checkpoint
+
+    tiny = tmp_dir / "tiny"
+    write_tiny_checkpoint(tiny)
+    path = tmp_dir / "gateway.yaml"
+    path.write_text(embedded_config(tiny))
+    gw = RunningGateway(path, wait_ready=False)
+    deadline = time.time() + 300
+    while any(t.state == "loading" for t in gw.runtime.tiers.values()):
+        if time.time() > deadline:
+            raise RuntimeError("tiers still loading after 300 s")
+        time.sleep(0.2)
+    return gw
