@@ -22,6 +22,9 @@ from gateway.openapi import openapi_document
 from gateway.pipeline import Pipeline
 from gateway.reload import ConfigReloader
 from gateway.runtime import RuntimeHolder
+from gateway.telemetry.metrics import METRICS_OPENAPI, metrics_route
+from gateway.telemetry.setup import Telemetry, build_telemetry
+from gateway.telemetry.tier_stats import tier_set_source
 
 log = logging.getLogger(__name__)
 
@@ -34,9 +37,16 @@ def freeze_heap() -> None:
     gc.freeze()
 
 
-def build_app(holder: RuntimeHolder, reloader: ConfigReloader | None = None) -> Starlette:
-    pipeline = Pipeline(holder)
+def build_app(holder: RuntimeHolder, reloader: ConfigReloader | None = None,
+              telemetry: Telemetry | None = None) -> Starlette:
+    """`telemetry`: built from the config's `telemetry:` section and OTEL_* when not given (tests
+    pass one with an in-memory exporter). Raises TelemetryConfigError on a bad OTEL_* value.
+    Telemetry settings are read once: a reload does not change them (tenants' opt-ins it does)."""
+    telemetry = telemetry or build_telemetry(holder.current.config.telemetry)
+    telemetry.metrics.add_tier_set(tier_set_source(holder))
+    pipeline = Pipeline(holder, telemetry)
     openapi = openapi_document()
+    openapi["paths"]["/metrics"] = METRICS_OPENAPI
     background: set[asyncio.Task] = set()
 
     async def healthz(_: Request) -> Response:
@@ -77,6 +87,7 @@ def build_app(holder: RuntimeHolder, reloader: ConfigReloader | None = None) -> 
             task.add_done_callback(background.discard)
         if reloader is not None:
             reloader.start()
+        await holder.open_limits().check_store()    # budgets, breakers, retry budget (issue #8)
         freeze_heap()
         try:
             yield
@@ -87,6 +98,8 @@ def build_app(holder: RuntimeHolder, reloader: ConfigReloader | None = None) -> 
                 task.cancel()
             await asyncio.gather(*background, return_exceptions=True)
             await asyncio.gather(*(t.close() for t in holder.current.tiers.values()), return_exceptions=True)
+            await holder.close_limits()   # queued reconciliations applied (bounded wait), stores closed
+            await asyncio.to_thread(telemetry.shutdown)   # exports the spans still queued
 
     routes = [
         Route("/v1/chat/completions", pipeline, methods=["POST"]),   # ASGI endpoints: the hot path
@@ -95,6 +108,7 @@ def build_app(holder: RuntimeHolder, reloader: ConfigReloader | None = None) -> 
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
         Route("/openapi.json", openapi_json, methods=["GET"]),
+        metrics_route(telemetry.metrics),
     ]
     return Starlette(routes=routes, lifespan=lifespan,
                      exception_handlers={HTTPException: http_error, Exception: server_error})

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(slots=True)
@@ -55,6 +56,15 @@ class RequestContext:
     finished_at: float | None = None
     status: int = 200
     error: str | None = None
+    trace: Any = None                     # gateway.telemetry.request.RequestTelemetry: spans + metrics
+    # ---- budgets, rate limits, breakers (issue #8; gateway/request_limits.py) ----
+    session_id: str | None = None         # x-session-id: the agent-session budget scope
+    limits_guard: Any = None              # gateway.request_limits.RequestLimits of this request
+    admission: Any = None                 # policies.budgets.Admission: the last budget decision (ok or refused)
+    ratelimit_headers: dict[str, str] | None = None   # x-ratelimit-* of the admitted attempt
+    # (tier, event) per breaker step: "open"/"half_open" (skipped), "success", "failure",
+    # "client_error", "cancelled" (recorded outcomes), "opened"/"closed" (transitions they caused)
+    breaker_events: list[tuple[str, str]] = field(default_factory=list)
 
     # ---- timings --------------------------------------------------------------------
     @property

@@ -18,10 +18,11 @@ def error_response(status: int, message: str, type_: str = "invalid_request_erro
 
 
 class GatewayError(Exception):
-    """A request that ends with an OpenAI error body. `raw` passes an upstream's own body through."""
+    """A request that ends with an OpenAI error body. `raw` passes an upstream's own body through;
+    `headers` go on the response (Retry-After, x-ratelimit-*)."""
 
     def __init__(self, status: int, message: str, type_: str | None = None, param: str | None = None,
-                 code: str | None = None, raw: bytes | None = None):
+                 code: str | None = None, raw: bytes | None = None, headers: dict[str, str] | None = None):
         super().__init__(message)
         self.status = status
         self.message = message
@@ -29,6 +30,7 @@ class GatewayError(Exception):
         self.param = param
         self.code = code
         self.raw = raw
+        self.headers = headers
 
     def body_bytes(self) -> bytes:
         if self.raw is not None:
@@ -36,6 +38,8 @@ class GatewayError(Exception):
         return json.dumps(error_body(self.message, self.type, self.param, self.code)).encode()
 
     def response(self, headers: dict[str, str] | None = None) -> Response:
+        if self.headers:
+            headers = {**self.headers, **(headers or {})}
         return Response(self.body_bytes(), status_code=self.status, headers=headers, media_type="application/json")
 
 

@@ -16,9 +16,12 @@ import uuid
 
 from gateway.context import RequestContext
 from gateway.errors import GatewayError
+from gateway.request_limits import RequestLimits, api_key_label
 from gateway.runtime import Runtime, RuntimeHolder
 from gateway.schema import ChatCompletionRequest, CompletionRequest, RequestBody, parse_body
 from gateway.sse import SSEResponse, sse_error_event
+from gateway.telemetry.request import TierAttempt, start_request
+from gateway.telemetry.setup import Telemetry, build_telemetry
 from gateway.tiers.base import Tier, TierAnswer, TierCall, TierFailure, TierUnfit
 from policies.classify import RequestFeatures
 from policies.policy_config import PROFILES
@@ -32,8 +35,9 @@ HINT_HEADER = "x-tiergate-profile"
 
 
 class Pipeline:
-    def __init__(self, holder: RuntimeHolder):
+    def __init__(self, holder: RuntimeHolder, telemetry: Telemetry | None = None):
         self.holder = holder
+        self.telemetry = telemetry or build_telemetry(holder.current.config.telemetry)
 
     async def __call__(self, scope, receive, send) -> None:
         """ASGI entry (no Starlette Request/Response objects: this path is hot)."""
@@ -44,7 +48,7 @@ class Pipeline:
     async def handle(self, scope, receive, endpoint: str):
         rt = self.holder.current            # one config snapshot for the whole request
         ctx = RequestContext(uuid.uuid4().hex, endpoint)
-        authorization = hint = length = None
+        authorization = hint = length = traceparent = tracestate = session = guard = None
         for name, value in scope["headers"]:
             if name == b"authorization":
                 authorization = value.decode("latin-1")
@@ -52,6 +56,13 @@ class Pipeline:
                 hint = value.decode("latin-1")
             elif name == b"content-length":
                 length = value
+            elif name == b"traceparent":
+                traceparent = value.decode("latin-1")
+            elif name == b"tracestate":
+                tracestate = value.decode("latin-1")
+            elif name == b"x-session-id":
+                session = value.decode("latin-1")
+        ctx.trace = start_request(self.telemetry, scope, traceparent, tracestate)
         try:
             raw = await _read_body(receive, length, rt.max_body_bytes)
             ctx.tenant, ctx.key_name = rt.keys.authenticate(authorization)
@@ -59,20 +70,23 @@ class Pipeline:
             call = self._prepare(rt, ctx, body, hint)
             decision = rt.router.route(ctx.tenant, ctx.tenant_class, ctx.model, ctx.profile)
             ctx.chain, ctx.route_reason = decision.chain, decision.reason
-            # ---- budgets.reserve(ctx) and breaker.allow(tier) go here (issue #8) ----------
+            ctx.trace.routed(ctx, rt.tenant(ctx.tenant).record_content)
+            # Budgets and breakers (issue #8): a permit + reservation per tier attempt, in the walk.
+            guard = self._guard(rt, ctx, call, authorization, session)
             if body.stream:
                 return await self._stream(rt, ctx, call, decision)
             work = self._complete(rt, ctx, call, decision)
             if any(rt.tiers[t].kind == "embedded" for t in decision.chain):
                 work = _unless_client_leaves(work, receive)   # a long generation is freed at once
             _, answer = await work
-            ctx.usage.add(answer.usage)
-            # ---- budgets.reconcile(ctx.usage) and breaker.record(...) go here (issue #8) --
-            return BytesResponse(200, answer.body, ctx.response_headers())
+            ctx.usage.add(answer.usage)       # reconciled per attempt, in the walk (issue #8)
+            return BytesResponse(200, answer.body, _headers(ctx))
         except GatewayError as exc:
             ctx.status, ctx.error = exc.status, exc.message
-            return BytesResponse(exc.status, exc.body_bytes(), ctx.response_headers())
+            return BytesResponse(exc.status, exc.body_bytes(), _headers(ctx, exc.headers))
         finally:
+            if guard is not None and not guard.handed_off:   # a stream's relay finishes it
+                await guard.finish()
             if not ctx.stream or ctx.status != 200 or ctx.headers_at is None:
                 self._finish_later(rt, ctx)
 
@@ -99,6 +113,16 @@ class Pipeline:
         verdict = rt.classifier.classify(features, hint, tenant.allow_profile_hint)
         ctx.profile, ctx.profile_source, ctx.reasons = verdict.profile, verdict.source, verdict.reasons
         return call
+
+    def _guard(self, rt: Runtime, ctx: RequestContext, call: TierCall, authorization: str | None,
+               session: str | None) -> RequestLimits:
+        limits = rt.limits if rt.limits is not None else self.holder.open_limits()
+        if limits.active and ctx.prompt_tokens_estimate is None:
+            ctx.prompt_tokens_estimate = self._count_prompt(rt, call)    # the reservation's estimate
+        key = api_key_label(ctx.key_name, authorization) if limits.keys_limited and rt.keys.enabled else None
+        ctx.session_id = session
+        ctx.limits_guard = RequestLimits(limits, ctx, call, key, session)
+        return ctx.limits_guard
 
     @staticmethod
     def _count_prompt(rt: Runtime, call: TierCall) -> int:
@@ -127,14 +151,25 @@ class Pipeline:
             if why is not None:
                 ctx.reasons.append(f"not escalated to {esc.to} ({note}): {why}")
                 return tier, answer
+            guard = ctx.limits_guard
+            try:    # a second answer: its own permit and reservation (issue #8)
+                skip = await guard.admit(rt.tiers[esc.to])
+            except GatewayError as exc:
+                skip = exc.message
+            if skip is not None:
+                ctx.reasons.append(f"not escalated to {esc.to} ({note}): {skip}")
+                return tier, answer
             ctx.usage.add(answer.usage)   # the first answer was computed: it counts
             call.want_logprobs = False
             try:
-                better = await self._timed(ctx, rt.tiers[esc.to].complete(call))
-            except (TierFailure, TierUnfit) as exc:
+                with ctx.trace.attempt(ctx, call, rt.tiers[esc.to]):
+                    better = await self._timed(ctx, guard.bounded(rt.tiers[esc.to].complete(call)))
+            except (TierFailure, TierUnfit, GatewayError) as exc:
+                await guard.attempt_failed(exc)
                 ctx.reasons.append(f"escalation to {esc.to} failed ({exc}); kept {tier.name}")
                 answer.usage = type(answer.usage)()
                 return tier, answer
+            await guard.answered(better.usage)
             ctx.escalated_from, ctx.tier = tier.name, esc.to
             ctx.reasons.append(f"escalated {tier.name} -> {esc.to}: {note}")
             return rt.tiers[esc.to], better
@@ -146,18 +181,33 @@ class Pipeline:
         while True:
             index, skipped = next_candidate(chain, index, rt.usable)
             ctx.fallbacks.extend(skipped)
+            guard = ctx.limits_guard
             if index == len(chain):
-                raise _nothing_left(chain, unfit)
+                raise guard.nothing_left(chain, unfit)
             tier = rt.tiers[chain[index]]
+            skip = await guard.admit(tier)     # breaker permit + budget reservation, or why not
+            if skip is not None:
+                ctx.fallbacks.append(skip)
+                index += 1
+                continue
             ctx.tier = tier.name
             try:
-                return tier, await self._timed(ctx, tier.complete(call))
+                with ctx.trace.attempt(ctx, call, tier):
+                    answer = await self._timed(ctx, guard.bounded(tier.complete(call)))
             except TierUnfit as exc:
+                await guard.attempt_failed(exc)
                 unfit = exc
                 ctx.fallbacks.append(f"{tier.name}: {exc}")
-            except TierFailure as exc:     # breaker.record(tier, failure) belongs here (issue #8)
+            except TierFailure as exc:
+                await guard.attempt_failed(exc)
                 ctx.fallbacks.append(f"{tier.name}: failed: {exc}")
                 events.warning("tier %s failed for %s: %s", tier.name, ctx.request_id, exc)
+            except GatewayError as exc:
+                await guard.attempt_failed(exc)
+                raise
+            else:
+                await guard.answered(answer.usage)
+                return tier, answer
             index += 1
 
     @staticmethod
@@ -174,49 +224,77 @@ class Pipeline:
         while True:
             index, skipped = next_candidate(chain, index, rt.usable)
             ctx.fallbacks.extend(skipped)
+            guard = ctx.limits_guard
             if index == len(chain):
-                raise _nothing_left(chain, unfit)
+                raise guard.nothing_left(chain, unfit)
             tier = rt.tiers[chain[index]]
+            skip = await guard.admit(tier)     # breaker permit + budget reservation, or why not
+            if skip is not None:
+                ctx.fallbacks.append(skip)
+                index += 1
+                continue
             ctx.tier = tier.name
+            attempt = ctx.trace.attempt(ctx, call, tier)
             chunks = tier.stream(call)
             try:
-                first = await self._timed(ctx, chunks.__anext__())   # nothing sent yet: may fall back
+                with attempt.streaming():   # a failure ends the attempt; else the relay ends it
+                    # nothing sent yet: may fall back
+                    first = await self._timed(ctx, guard.bounded(chunks.__anext__()))
                 break
             except TierUnfit as exc:
+                await guard.attempt_failed(exc)
                 unfit = exc
                 ctx.fallbacks.append(f"{tier.name}: {exc}")
-            except (TierFailure, StopAsyncIteration) as exc:   # breaker.record(tier, failure) here too
+            except (TierFailure, StopAsyncIteration) as exc:
+                await guard.attempt_failed(exc if isinstance(exc, TierFailure) else TierFailure("empty stream"))
                 ctx.fallbacks.append(f"{tier.name}: failed: {exc or 'empty stream'}")
                 events.warning("tier %s failed for %s: %s", tier.name, ctx.request_id, exc)
+            except GatewayError as exc:
+                await guard.attempt_failed(exc)
+                raise
             await chunks.aclose()
             index += 1
-        return SSEResponse(self._relay(ctx, first, chunks), ctx.response_headers(),
+        guard.handed_off = True           # the relay reconciles and records when the stream ends
+        return SSEResponse(self._relay(ctx, first, chunks, attempt), _headers(ctx),
                            on_close=lambda disconnected: self._stream_closed(rt, ctx, disconnected))
 
-    async def _relay(self, ctx: RequestContext, first: bytes, chunks):
-        yield first
+    async def _relay(self, ctx: RequestContext, first: bytes, chunks, attempt: TierAttempt):
+        relayed, failed = 1, False
         try:
+            yield first
             async for chunk in chunks:
+                relayed += 1
                 yield chunk
         except (TierFailure, GatewayError) as exc:
             # Bytes already went out: no fallback now; tell the client in the stream itself.
+            failed = isinstance(exc, TierFailure)
             ctx.error = str(exc)
+            attempt.fail("tier_failure" if isinstance(exc, TierFailure) else "GatewayError")
             yield sse_error_event(str(exc), "server_error" if isinstance(exc, TierFailure) else None)
+        except (GeneratorExit, asyncio.CancelledError):
+            attempt.fail("cancelled")   # the client left
+            raise
         finally:
-            await chunks.aclose()
+            await chunks.aclose()   # the tier's own finally puts usage on the span first
+            attempt.end()
+            # Reconcile once with the usage so far (also when the client left); breaker outcome.
+            await ctx.limits_guard.stream_finished(failed, ctx.usage, relayed)
 
     def _stream_closed(self, rt: Runtime, ctx: RequestContext, disconnected: bool) -> None:
         if disconnected:
             ctx.error = ctx.error or "client disconnected"
-        # ---- budgets.reconcile(ctx.usage) and breaker.record(...) go here (issue #8) ------
+        ctx.limits_guard.finish_later()   # no-op unless the relay never ran (issue #8)
         ctx.finished_at = time.perf_counter()
+        ctx.trace.finish(ctx, disconnected)
         self._log(rt, ctx)
 
     # ---- end of request -------------------------------------------------------------------
     def _finish_later(self, rt: Runtime, ctx: RequestContext) -> None:
         # The log line is written after the response went out, not on its latency path.
         ctx.finished_at = time.perf_counter()
-        asyncio.get_running_loop().call_soon(self._log, rt, ctx)
+        loop = asyncio.get_running_loop()
+        loop.call_soon(ctx.trace.finish, ctx)
+        loop.call_soon(self._log, rt, ctx)
 
     @staticmethod
     def _log(rt: Runtime, ctx: RequestContext) -> None:
@@ -245,11 +323,14 @@ async def _disconnected(receive) -> None:
         pass
 
 
-def _nothing_left(chain: tuple[str, ...], unfit: TierUnfit | None) -> GatewayError:
-    if unfit is not None:
-        return unfit.error
-    return GatewayError(503, f"no tier could serve the request (tried {', '.join(chain)})",
-                        type_="server_error", code="no_tier_available")
+def _headers(ctx: RequestContext, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The context's headers plus x-ratelimit-* of the admitted attempt and an error's own."""
+    headers = ctx.response_headers()
+    if ctx.ratelimit_headers:
+        headers.update(ctx.ratelimit_headers)
+    if extra:
+        headers.update(extra)
+    return headers
 
 
 async def _read_body(receive, length: bytes | None, limit: int) -> bytes:

@@ -6,9 +6,11 @@ A request reads `holder.current` once and keeps that snapshot to the end, so a h
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 
 from gateway.auth import KeyTable
+from gateway.limits import GatewayLimits
 from gateway.tiers.base import Tier
 from gateway.tiers.embedded import EmbeddedTier
 from gateway.tiers.upstream import UpstreamTier
@@ -41,6 +43,9 @@ class Runtime:
     # Whether some upstream tier of an alias checks context length itself (needs an estimate).
     estimates: dict[str, bool] = field(init=False)
     max_body_bytes: int = field(init=False)
+    # Budgets, breakers and retry budget (issue #8): set by the holder when the app starts and
+    # carried over (or reconfigured) on each reload; see gateway/limits.py.
+    limits: GatewayLimits | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         cfg = self.config
@@ -79,10 +84,41 @@ class RuntimeHolder:
         self.current = runtime
         self.config_path = config_path
         self.generation = 1
+        self._retiring: set[asyncio.Task] = set()
+        self._retired: list[GatewayLimits] = []    # replaced by a reload, closed when idle
+
+    def open_limits(self) -> GatewayLimits:
+        """Build the current config's limits (once; the app does it at start, in its event loop)."""
+        if self.current.limits is None:
+            self.current.limits = GatewayLimits.open(self.current.config.limits)
+        return self.current.limits
 
     def swap(self, runtime: Runtime) -> None:
+        old = self.current.limits
+        if old is not None and runtime.limits is None:
+            runtime.limits = old.reconfigured(runtime.config.limits)
+            if runtime.limits is not old:     # its requests in flight finish first
+                self._retired.append(old)
+                task = asyncio.get_running_loop().create_task(self._retire(old))
+                self._retiring.add(task)
+                task.add_done_callback(self._retiring.discard)
         self.current = runtime
         self.generation += 1
+
+    async def _retire(self, limits: GatewayLimits) -> None:
+        # Reservations expire after reservation_ttl_s anyway: no need to wait longer than that.
+        await limits.retire(limits.config.store.reservation_ttl_s)
+        self._retired.remove(limits)
+
+    async def close_limits(self) -> None:
+        """Shutdown: reconciliations still queued are applied (within a timeout), stores closed."""
+        for task in list(self._retiring):
+            task.cancel()
+        await asyncio.gather(*self._retiring, return_exceptions=True)
+        for limits in [*self._retired, self.current.limits]:   # close() is idempotent
+            if limits is not None:
+                await limits.close()
+        self._retired.clear()
 
 
 def build_runtime(config: GatewayConfig, reuse: dict[str, Tier] | None = None) -> Runtime:

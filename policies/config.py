@@ -13,6 +13,7 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ByteSize, ConfigDict, Field, ValidationError, model_validator
 
+from policies.limits_config import LimitsConfig
 from policies.policy_config import (
     PROFILES,
     ApiKeyConfig,
@@ -26,6 +27,7 @@ from policies.policy_config import (
     TenantConfig,
     hash_api_key,
 )
+from policies.telemetry_config import TelemetryConfig
 from policies.tier_config import (
     EmbeddedTier,
     EmbeddedTierConfig,
@@ -76,6 +78,8 @@ class GatewayConfig(_Strict):
     models: dict[str, ModelAliasConfig] = Field({}, description="model ids clients name; default: one per tier")
     classification: ClassificationConfig = ClassificationConfig()
     routing: RoutingConfig = RoutingConfig()
+    telemetry: TelemetryConfig = TelemetryConfig()
+    limits: LimitsConfig = Field(LimitsConfig(), description="budgets, rate limits, circuit breakers, retries")
 
     @model_validator(mode="after")
     def _cross_references(self) -> GatewayConfig:
@@ -91,6 +95,7 @@ class GatewayConfig(_Strict):
             self.tenants = {self.auth.anonymous_tenant: TenantConfig()}
         self._check_tiers_named()
         self._check_tenants_named()
+        self._check_limits_named()
         return self
 
     def _check_tiers_named(self) -> None:
@@ -121,6 +126,17 @@ class GatewayConfig(_Strict):
             for alias in tenant.models or []:
                 if alias not in self.models:
                     raise ValueError(f"tenants.{name}.models: unknown model {alias!r}")
+
+    def _check_limits_named(self) -> None:
+        # A misspelt tier or tenant would silently leave it without limits (or price).
+        limits = self.limits
+        for where, names, kind, known in (("limits.tiers.by_id", limits.tiers.by_id, "tier", self.tiers),
+                                          ("limits.prices", limits.prices, "tier", self.tiers),
+                                          ("limits.breakers.by_name", limits.breakers.by_name, "tier", self.tiers),
+                                          ("limits.tenants.by_id", limits.tenants.by_id, "tenant", self.tenants)):
+            for name in names:
+                if name not in known:
+                    raise ValueError(f"{where}: unknown {kind} {name!r}; {kind}s: {sorted(known)}")
 
 
 def _as_list(value) -> list:

@@ -60,6 +60,8 @@ class TenantConfig(_Strict):
     models: list[str] | None = Field(None, description="model aliases this tenant may use; null: all")
     prefix_cache: Literal["shared", "isolated"] = Field("shared", description="isolated: no prefix sharing with others")
     priority: int = Field(0, description="engine scheduling priority (higher first)")
+    record_content: bool = Field(False, description="record this tenant's prompts and completions in traces "
+                                                   "(only where telemetry.record_content allows it too)")
 
 
 class NumberCondition(_Strict):

@@ -30,14 +30,14 @@ def free_port() -> int:
 
 
 class RunningGateway:
-    def __init__(self, config_path: Path, wait_ready: bool = True, timeout_s: float = 300):
+    def __init__(self, config_path: Path, wait_ready: bool = True, timeout_s: float = 300, telemetry=None):
         self.config_path = Path(config_path)
         cfg = load_config(self.config_path)
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.holder = RuntimeHolder(build_runtime(cfg), str(self.config_path))
         self.reloader = ConfigReloader(self.holder, self.config_path, "127.0.0.1")
-        app = build_app(self.holder, self.reloader)
+        app = build_app(self.holder, self.reloader, telemetry)
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
                                                    access_log=False, lifespan="on"))
         self.thread = threading.Thread(target=self.server.run, name="test-gateway", daemon=True)

@@ -1,10 +1,14 @@
 """`tiergate bench gateway`: the latency the gateway adds in front of an upstream.
 
-Three processes: an instant OpenAI-compatible upstream, the gateway (`tiergate serve`) in
-front of it, and this load generator. The same requests go, at the same open-loop rate, once
-straight to the upstream and once through the gateway (auth with hashed keys, classification
-rules, routing with a fallback chain, request log on), in interleaved phases of one run.
-Added latency = gateway percentile - direct percentile.
+Processes: an instant OpenAI-compatible upstream, the gateway (`tiergate serve`) in front of
+it, and this load generator. The same requests go, at the same open-loop rate, straight to the
+upstream and through the gateway (auth with hashed keys, classification rules, routing with a
+fallback chain, request log on, budgets and rate limits in every scope that never refuse,
+circuit breakers), in interleaved phases of one run. The gateway keeps its budgets in memory;
+when redis-server is installed a second gateway process keeps them in a local Redis and is
+measured in a pass of its own (its own direct phases), so that one variant overloading a small
+machine does not spill into the other's figures. Added latency = gateway percentile - direct
+percentile of the same pass.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from rich.console import Console
 from rich.table import Table
 
 from gateway.bench.common import machine_info, percentiles, write_json
+from gateway.bench.gateway_limits import limits_yaml, start_redis
 from gateway.bench.gateway_loadgen import PhaseResult, build_request, run_phase, wait_http
 from policies.config import hash_api_key
 
@@ -36,7 +41,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _gateway_config(upstream_port: int, gateway_port: int) -> str:
+def _gateway_config(upstream_port: int, gateway_port: int, redis_url: str | None) -> str:
     base = f"http://127.0.0.1:{upstream_port}/v1"
     return f"""
 server: {{host: 127.0.0.1, port: {gateway_port}, log_requests: true}}
@@ -64,7 +69,7 @@ routing:
     - {{name: latency, match: {{profile: latency}}, chain: [fast, bulk]}}
     - {{name: memory, match: {{profile: memory}}, chain: [roomy, bulk]}}
     - {{name: throughput, match: {{profile: throughput}}, chain: [bulk, fast]}}
-"""
+""" + limits_yaml(["fast", "bulk", "roomy"], redis_url)
 
 
 def _payloads(stream_share: float) -> list[bytes]:
@@ -128,48 +133,64 @@ def _summary(results: list[PhaseResult], cpu_s: float | None) -> dict:
     return out
 
 
-async def _measure(upstream: int, gateway: int, payloads: list[bytes], rate: float, seconds: float,
-                   rounds: int, gateway_pid: int, console: Console) -> tuple[dict, dict]:
-    for port in (upstream, gateway):   # warm-up: connections, caches, the allocator
+async def _measure(targets: dict[str, tuple[int, int | None]], payloads: list[bytes], rate: float,
+                   seconds: float, rounds: int, console: Console) -> dict[str, dict]:
+    """targets: name -> (port, pid whose CPU time is counted). Phases rotate their order per round."""
+    for port, _ in targets.values():   # warm-up: connections, caches, the allocator
         await run_phase("127.0.0.1", port, payloads, rate, 2.0)
-    direct: list[PhaseResult] = []
-    through: list[PhaseResult] = []
-    cpu = 0.0
+    results: dict[str, list[PhaseResult]] = {name: [] for name in targets}
+    cpu = dict.fromkeys(targets, 0.0)
+    names = list(targets)
     for r in range(rounds):
-        order = [("direct", upstream), ("gateway", gateway)]
-        for name, port in order if r % 2 == 0 else order[::-1]:
-            before = _cpu_seconds(gateway_pid)
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            port, pid = targets[name]
+            before = _cpu_seconds(pid) if pid else 0.0
             result = await run_phase("127.0.0.1", port, payloads, rate, seconds)
-            (direct if name == "direct" else through).append(result)
-            if name == "gateway":
-                cpu += _cpu_seconds(gateway_pid) - before
+            results[name].append(result)
+            if pid:
+                cpu[name] += _cpu_seconds(pid) - before
             p = percentiles(result.latencies_ms)
-            console.print(f"round {r + 1} {name:8s} p50 {p['p50']:.3f} ms  p99 {p['p99']:.3f} ms  "
+            console.print(f"round {r + 1} {name:14s} p50 {p['p50']:.3f} ms  p99 {p['p99']:.3f} ms  "
                           f"errors {result.errors}")
-    return _summary(direct, None), _summary(through, cpu)
+    return {name: _summary(results[name], cpu[name] if targets[name][1] else None) for name in targets}
 
 
 def run_gateway_bench(json_out: str, rate: float, seconds: float, rounds: int, stream_share: float) -> int:
     console = Console(stderr=True)
     workdir = Path(tempfile.mkdtemp(prefix="tiergate-bench-gw-"))
-    up_port, gw_port = _free_port(), _free_port()
-    cfg_path = workdir / "gateway.yaml"
-    cfg_path.write_text(_gateway_config(up_port, gw_port))
+    up_port, gw_port, redis_gw_port, redis_port = _free_port(), _free_port(), _free_port(), _free_port()
     procs = []
     try:
         procs.append(_start([sys.executable, "-m", "gateway.bench.gateway_upstream", "--port", str(up_port)],
                             workdir / "upstream.log"))
-        procs.append(_start([sys.executable, "-m", "gateway.cli", "serve", "--config", str(cfg_path)],
-                            workdir / "gateway.log"))
-        for port, path in ((up_port, "/healthz"), (gw_port, "/readyz")):
+        gateways = {"gateway": (gw_port, None)}
+        redis = start_redis(redis_port, workdir)
+        if redis is not None:
+            procs.append(redis)
+            gateways["gateway_redis"] = (redis_gw_port, f"redis://127.0.0.1:{redis_port}/0")
+        else:
+            console.print("[yellow]redis-server not found: measuring the memory-store gateway only")
+        targets: dict[str, tuple[int, int | None]] = {"direct": (up_port, None)}
+        for name, (port, redis_url) in gateways.items():
+            cfg_path = workdir / f"{name}.yaml"
+            cfg_path.write_text(_gateway_config(up_port, port, redis_url))
+            proc = _start([sys.executable, "-m", "gateway.cli", "serve", "--config", str(cfg_path)],
+                          workdir / f"{name}.log")
+            procs.append(proc)
+            targets[name] = (port, proc.pid)
+        for port, path in [(up_port, "/healthz")] + [(port, "/readyz") for port, _ in gateways.values()]:
             if not asyncio.run(wait_http("127.0.0.1", port, path, 60)):
                 console.print(f"[red]server on port {port} did not come up; logs in {workdir}")
                 return 1
-        console.print(f"upstream :{up_port}, gateway :{gw_port}; {rounds} rounds x {seconds:.0f} s per side "
-                      f"at {rate:.0f} req/s")
+        console.print(f"upstream :{up_port}, {', '.join(f'{n} :{p}' for n, (p, _) in gateways.items())}; "
+                      f"{rounds} rounds x {seconds:.0f} s per side at {rate:.0f} req/s")
         load_before = _loadavg()
-        direct, through = _run_loop(_measure(up_port, gw_port, _payloads(stream_share), rate, seconds, rounds,
-                                               procs[1].pid, console))
+        # One pass per gateway, each against its own direct phases: an overloaded variant
+        # (Redis on a small machine) must not spill into the other's figures.
+        passes = {}
+        for name in gateways:
+            pair = {"direct": targets["direct"], name: targets[name]}
+            passes[name] = _run_loop(_measure(pair, _payloads(stream_share), rate, seconds, rounds, console))
         load_after = _loadavg()
     finally:
         for proc in procs:
@@ -179,8 +200,15 @@ def run_gateway_bench(json_out: str, rate: float, seconds: float, rounds: int, s
                 proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 proc.kill()
-    added = {k: round(through["latency_ms"][k] - direct["latency_ms"][k], 3) for k in ("p50", "p90", "p99")}
-    meets = {k: added[k] <= bar for k, bar in BARS.items()}
+
+    def compared(name: str) -> dict:
+        direct, side = passes[name]["direct"], passes[name][name]
+        added = {k: round(side["latency_ms"][k] - direct["latency_ms"][k], 3) for k in ("p50", "p90", "p99")}
+        return {"direct": direct, "gateway": side, "added_latency_ms": added,
+                "meets_bars": {k: added[k] <= bar for k, bar in BARS.items()},
+                "ratio_p50": round(side["latency_ms"]["p50"] / direct["latency_ms"]["p50"], 3)}
+
+    results = {name: compared(name) for name in gateways}
     report = {
         "benchmark": "gateway",
         "machine": {**machine_info(), "loadavg_before": load_before, "loadavg_after": load_after},
@@ -188,24 +216,31 @@ def run_gateway_bench(json_out: str, rate: float, seconds: float, rounds: int, s
                      "stream_share": stream_share, "requests": "8 short chat requests, max_tokens 16-23, "
                      "2 of 8 with a profile hint; auth with hashed keys, 2 classification rules, "
                      "3 routing rules over 3 upstream tiers, one log line per request",
-                     "budgets": "not wired yet (issue #8)"},
-        "direct": direct,
-        "gateway": through,
-        "added_latency_ms": added,
+                     "budgets": "limits in the api key (rpm, tpm), tenant (tokens/day, tokens/month, cost/day, "
+                                "concurrency) and tier (tpm, concurrency) scopes, never refusing: one reservation "
+                                "+ one reconcile + a breaker permit + its record per request; the top level "
+                                "keeps them in memory, `redis` in a local redis-server (its own pass)"},
+        **results["gateway"],
         "bars_ms": BARS,
-        "meets_bars": meets,
-        "ratio_p50": round(through["latency_ms"]["p50"] / direct["latency_ms"]["p50"], 3),
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
+    if "gateway_redis" in results:
+        report["redis"] = results["gateway_redis"]
     write_json(json_out, report)
     table = Table(title=f"gateway vs direct at {rate:.0f} req/s")
-    for col in ("", "p50 ms", "p90 ms", "p99 ms", "errors"):
+    for col in ("", "p50 ms", "p90 ms", "p99 ms", "errors", "CPU ms/req"):
         table.add_column(col)
-    for name, side in (("direct", direct), ("gateway", through)):
-        lat = side["latency_ms"]
-        table.add_row(name, f"{lat['p50']:.3f}", f"{lat['p90']:.3f}", f"{lat['p99']:.3f}", str(side["errors"]))
-    table.add_row("added", f"{added['p50']:.3f}", f"{added['p90']:.3f}", f"{added['p99']:.3f}", "")
+    for name, res in results.items():
+        for label, side in ((f"direct ({name} pass)", res["direct"]), (name, res["gateway"])):
+            lat = side["latency_ms"]
+            table.add_row(label, f"{lat['p50']:.3f}", f"{lat['p90']:.3f}", f"{lat['p99']:.3f}", str(side["errors"]),
+                          str(side.get("gateway_cpu_ms_per_request", "")))
+        extra = res["added_latency_ms"]
+        table.add_row(f"added ({name})", f"{extra['p50']:.3f}", f"{extra['p90']:.3f}", f"{extra['p99']:.3f}", "", "")
     console.print(table)
-    console.print(f"bars p50 <= {BARS['p50']} ms: {meets['p50']}, p99 <= {BARS['p99']} ms: {meets['p99']}; "
-                  f"wrote {json_out}")
+    for name, res in results.items():
+        meets = res["meets_bars"]
+        console.print(f"{name}: bars p50 <= {BARS['p50']} ms: {meets['p50']}, p99 <= {BARS['p99']} ms: {meets['p99']}; "
+                      f"achieved {res['gateway']['achieved_rate']} req/s")
+    console.print(f"wrote {json_out}")
     return 0

@@ -5,6 +5,11 @@ chat and text completions (JSON or SSE with usage), /v1/models and /healthz. It 
 with a fixed text and honest token counts (words of the prompt, words of the answer).
 
     python -m gateway.bench.gateway_upstream --port 9000
+
+Tests steer it through /__control: POST {"fail_status": 503} makes every completion fail with
+that status until POST {"fail_status": null}; {"delay_s": 0.5} delays each answer (a slow
+time to first token); {"stream_interval_s": 0.2} sends stream events that far apart; GET
+returns the counts of completions answered and failed.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import argparse
 import asyncio
 import json
 import time
+from dataclasses import asdict, dataclass
 
 ANSWER = "The quick brown fox jumps over the lazy dog."
 _WORDS = ANSWER.split(" ")
@@ -76,7 +82,34 @@ def _chunked(events: list[bytes]) -> bytes:
     return head + b"".join(b"%x\r\n%s\r\n" % (len(e), e) for e in events) + b"0\r\n\r\n"
 
 
-async def _serve_connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+@dataclass
+class Behaviour:
+    """What /__control set, and what was answered since the start."""
+
+    fail_status: int | None = None
+    delay_s: float = 0.0
+    stream_interval_s: float = 0.0
+    completions: int = 0
+    failed: int = 0
+
+    def control(self, method: str, raw: bytes) -> bytes:
+        if method == "POST":
+            try:
+                update = json.loads(raw or b"{}")
+                if "fail_status" in update:
+                    self.fail_status = None if update["fail_status"] is None else int(update["fail_status"])
+                if "delay_s" in update:
+                    self.delay_s = float(update["delay_s"])
+                if "stream_interval_s" in update:
+                    self.stream_interval_s = float(update["stream_interval_s"])
+            except (ValueError, TypeError):
+                return _response(400, b'{"error":{"message":"bad control body","type":"invalid_request_error",'
+                                      b'"param":null,"code":null}}')
+        return _response(200, json.dumps(asdict(self)).encode())
+
+
+async def _serve_connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                            behaviour: Behaviour) -> None:
     try:
         while True:
             head = await reader.readuntil(b"\r\n\r\n")
@@ -88,12 +121,53 @@ async def _serve_connection(reader: asyncio.StreamReader, writer: asyncio.Stream
                 if name.strip().lower() == "content-length":
                     length = int(value)
             raw = await reader.readexactly(length) if length else b""
-            writer.write(_route(method, path, raw))
+            if path == "/__control":
+                writer.write(behaviour.control(method, raw))
+            else:
+                if behaviour.delay_s and path.endswith("completions"):
+                    await asyncio.sleep(behaviour.delay_s)
+                if behaviour.stream_interval_s and behaviour.fail_status is None and _is_stream(path, raw):
+                    await _trickle(writer, path, raw, behaviour)
+                else:
+                    writer.write(_answer_or_fail(method, path, raw, behaviour))
             await writer.drain()
     except (asyncio.IncompleteReadError, ConnectionError, ValueError):
         pass
     finally:
         writer.close()
+
+
+def _is_stream(path: str, raw: bytes) -> bool:
+    if not path.endswith("completions"):
+        return False
+    try:
+        return bool(json.loads(raw).get("stream"))
+    except (ValueError, AttributeError):
+        return False
+
+
+async def _trickle(writer: asyncio.StreamWriter, path: str, raw: bytes, behaviour: Behaviour) -> None:
+    """A stream whose events leave `stream_interval_s` apart (a client may hang up midway)."""
+    behaviour.completions += 1
+    writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+    for event in _stream_events(json.loads(raw), path.endswith("chat/completions")):
+        writer.write(b"%x\r\n%s\r\n" % (len(event), event))
+        await writer.drain()
+        await asyncio.sleep(behaviour.stream_interval_s)
+    writer.write(b"0\r\n\r\n")
+
+
+def _answer_or_fail(method: str, path: str, raw: bytes, behaviour: Behaviour) -> bytes:
+    if method != "POST" or not path.endswith("completions"):
+        return _route(method, path, raw)
+    if behaviour.fail_status is not None:
+        behaviour.failed += 1
+        body = json.dumps({"error": {"message": f"failing on purpose ({behaviour.fail_status})",
+                                     "type": "server_error" if behaviour.fail_status >= 500 else
+                                     "invalid_request_error", "param": None, "code": None}}).encode()
+        return _response(behaviour.fail_status, body)
+    behaviour.completions += 1
+    return _route(method, path, raw)
 
 
 def _route(method: str, path: str, raw: bytes) -> bytes:
@@ -116,8 +190,10 @@ def _route(method: str, path: str, raw: bytes) -> bytes:
                           b'"code":null}}')
 
 
-async def serve(host: str, port: int, ready: asyncio.Event | None = None) -> None:
-    server = await asyncio.start_server(_serve_connection, host, port, backlog=1024)
+async def serve(host: str, port: int, ready: asyncio.Event | None = None,
+                behaviour: Behaviour | None = None) -> None:
+    behaviour = behaviour or Behaviour()
+    server = await asyncio.start_server(lambda r, w: _serve_connection(r, w, behaviour), host, port, backlog=1024)
     if ready is not None:
         ready.set()
     async with server:

@@ -5,7 +5,8 @@ variables are how a deployment points the same image at its own collector, so th
 key by key (headers merge, an env header replacing a YAML header of the same name).
 OTEL_SDK_DISABLED=true always wins and turns tracing off.
 
-This module depends on pydantic only, so the config model can sit in GatewayConfig.
+The pydantic model itself lives in policies/telemetry_config.py (GatewayConfig embeds it and
+policies never imports the gateway); this module adds the environment.
 """
 
 from __future__ import annotations
@@ -13,13 +14,14 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
-from urllib.parse import unquote, urlsplit
+from urllib.parse import unquote
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from policies.config import ConfigError
+from policies.telemetry_config import EXPORTERS, Exporter, TelemetryConfig, http_url_problem
 
-Exporter = Literal["otlp", "console", "none"]
-EXPORTERS: tuple[str, ...] = ("otlp", "console", "none")
+__all__ = ["EXPORTERS", "SAMPLERS", "Exporter", "TelemetryConfig", "TelemetryConfigError", "TelemetrySettings",
+           "resolve_telemetry"]
+
 SAMPLERS: tuple[str, ...] = ("always_on", "always_off", "traceidratio",
                              "parentbased_always_on", "parentbased_always_off", "parentbased_traceidratio")
 DEFAULT_OTLP_BASE = "http://localhost:4318"
@@ -29,36 +31,10 @@ _CONTENT_OFF = ("false", "no_content")
 _CONTENT_ON = ("true", "span_only", "event_only", "span_and_event")
 
 
-class TelemetryConfigError(ValueError):
-    """A telemetry setting (YAML or OTEL_* variable) is invalid; the message names it."""
+class TelemetryConfigError(ConfigError):
+    """A telemetry setting (YAML or OTEL_* variable) is invalid; the message names it.
 
-
-class TelemetryConfig(BaseModel):
-    """The `telemetry:` section of the gateway's YAML."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    exporter: Exporter = Field(
-        "none", description="otlp (OTLP over HTTP/protobuf), console (JSON lines on stdout) or none")
-    endpoint: str | None = Field(
-        None, description="OTLP/HTTP collector URL, e.g. http://collector:4318; /v1/traces is appended "
-                          "unless the path already ends with it")
-    headers: dict[str, str] = Field(default_factory=dict, description="sent with every OTLP export")
-    timeout_s: float = Field(10.0, gt=0, description="per OTLP export request")
-    service_name: str = Field("tiergate", min_length=1)
-    sample_ratio: float = Field(
-        1.0, ge=0.0, le=1.0,
-        description="share of new traces recorded; a client's sampled traceparent is always honoured")
-    record_content: bool = Field(
-        False, description="allow prompt/completion text in spans for tenants that opt in; "
-                           "false: never, whatever a tenant asks")
-
-    @field_validator("endpoint")
-    @classmethod
-    def _http_url(cls, value: str | None) -> str | None:
-        if value is not None:
-            _check_http_url(value)
-        return value
+    A ConfigError, so `tiergate serve` ends with exit 2 and this one line."""
 
 
 @dataclass(frozen=True)
@@ -213,10 +189,7 @@ def _number(name: str, raw: str) -> float:
         raise TelemetryConfigError(f"{name}: {raw!r} is not a number") from None
 
 
-def _check_http_url(url: str, where: str = "endpoint") -> None:
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        message = f"{url!r} is not an http(s) URL with a host"
-        if where == "endpoint":
-            raise ValueError(message)  # pydantic reports it with the field path
-        raise TelemetryConfigError(f"{where}: {message}")
+def _check_http_url(url: str, where: str) -> None:
+    problem = http_url_problem(url)
+    if problem:
+        raise TelemetryConfigError(f"{where}: {problem}")

@@ -60,22 +60,46 @@ class GatewayMetrics:
                                          ("tenant_class", "reason"), registry=r)
         self._collector = _TierStateCollector()
         r.register(self._collector)
+        # Until a source is set: each breaker's state as this replica's requests last saw it.
+        self._breakers_seen: dict[str, str] = {}
+        self._collector.breakers = self._breakers_seen.copy
 
     # ---- wiring (at start)
     def add_tier(self, tier: str, stats: StatsSource) -> None:
         """Read `stats()` at every scrape; e.g. add_tier("small", lambda: engine.stats)."""
         self._collector.tiers[tier] = stats
 
+    def add_tier_set(self, tiers: Callable[[], Mapping[str, object]]) -> None:
+        """Read `tiers()` -> {tier: stats object or None} at every scrape: for a tier set that a
+        config reload may change."""
+        self._collector.tier_sets.append(tiers)
+
     def set_breaker_source(self, states: Callable[[], Mapping[str, str]]) -> None:
         """`states()` -> {tier: "closed" | "open" | "half_open"}, read at every scrape."""
         self._collector.breakers = states
 
+    def breaker_events(self, events: Iterable[tuple[str, str]]) -> None:
+        """A request's breaker steps (issue #8's ctx.breaker_events, in order): (tier, event) with
+        event "open"/"half_open" (call refused), "opened"/"closed" (a transition the request
+        caused), or a recorded outcome ("success", "failure", ...: a call was let through)."""
+        seen = self._breakers_seen
+        for tier, event in events:
+            if event in BREAKER_STATES:            # refused while open / half-open, or closed by a probe
+                seen[tier] = event
+            elif event == "opened":
+                seen[tier] = "open"
+            elif seen.get(tier) == "open":          # an open breaker lets only probes through
+                seen[tier] = "half_open"
+            else:
+                seen.setdefault(tier, "closed")
+
     # ---- per request
     def observe_request(self, *, tier: str, profile: str, tenant_class: str, duration_s: float,
                         ttft_s: float | None = None, input_tokens: int = 0, output_tokens: int = 0,
-                        cache_read_tokens: int = 0, error_reason: str | None = None) -> None:
+                        cache_read_tokens: int = 0, error_reason: str | None = None, choices: int = 1) -> None:
         """One finished request. TTFT and TPOT only for successful responses (GenAI conventions);
-        TPOT = (duration - TTFT) / (output tokens - 1)."""
+        TPOT = (duration - TTFT) / (output tokens per choice - 1): the n choices of a request
+        are decoded side by side."""
         labels = (tier, profile, tenant_class)
         self.duration.labels(*labels).observe(duration_s)
         self.tokens.labels(*labels, "input").inc(input_tokens)
@@ -86,8 +110,9 @@ class GatewayMetrics:
             return
         if ttft_s is not None:
             self.ttft.labels(*labels).observe(ttft_s)
-            if output_tokens > 1:
-                self.tpot.labels(*labels).observe(max(duration_s - ttft_s, 0.0) / (output_tokens - 1))
+            per_choice = output_tokens / max(choices, 1)
+            if per_choice > 1:
+                self.tpot.labels(*labels).observe(max(duration_s - ttft_s, 0.0) / (per_choice - 1))
 
     def budget_rejected(self, *, tenant_class: str, reason: str) -> None:
         self.budget_rejections.labels(tenant_class, reason).inc()
@@ -107,6 +132,7 @@ _TIER_FIELDS = (
     ("preemptions", "Sequences preempted for lack of KV blocks", "preemptions", "counter"),
     ("queue_depth", "Requests waiting to be scheduled", "queue_depth", "gauge"),
     ("running_sequences", "Sequences in the running batch", "running", "gauge"),
+    ("in_flight_requests", "Calls the gateway has open to this tier", "in_flight", "gauge"),
     # Only for engines that decode speculatively: summed over their draft sources (stats.spec).
     ("spec_acceptance_ratio", "Accepted / proposed draft tokens, since start", "spec_acceptance", "gauge"),
     ("spec_accepted_tokens", "Draft tokens accepted", "spec_accepted", "counter"),
@@ -131,6 +157,7 @@ class _TierStateCollector:
 
     def __init__(self) -> None:
         self.tiers: dict[str, StatsSource] = {}
+        self.tier_sets: list[Callable[[], Mapping[str, object]]] = []
         self.breakers: Callable[[], Mapping[str, str]] | None = None
 
     def describe(self) -> Iterable[Metric]:
@@ -139,9 +166,9 @@ class _TierStateCollector:
     def collect(self) -> Iterable[Metric]:
         families = self._families()
         by_attr = {attr: families[i] for i, (_, _, attr, _) in enumerate(_TIER_FIELDS)}
-        for tier, source in list(self.tiers.items()):
+        for tier, stats in self._tier_stats():
             try:
-                values = _tier_values(source())
+                values = _tier_values(stats())
             except Exception:  # a broken or stopped tier must not break the scrape
                 log.warning("metrics: reading the stats of tier %r failed", tier, exc_info=True)
                 continue
@@ -161,15 +188,35 @@ class _TierStateCollector:
         # Families with no sample (e.g. speculative figures where no tier speculates) are left out.
         return [f for f in families if f.samples]
 
+    def _tier_stats(self) -> list[tuple[str, StatsSource]]:
+        out = list(self.tiers.items())
+        for tier_set in self.tier_sets:
+            try:
+                current = dict(tier_set())
+            except Exception:
+                log.warning("metrics: reading a tier set failed", exc_info=True)
+                continue
+            out += [(tier, lambda s=stats: s) for tier, stats in current.items() if tier not in self.tiers]
+        return out
+
     @staticmethod
     def _families() -> list[Metric]:
         out: list[Metric] = []
         for suffix, doc, _, kind in _TIER_FIELDS:
             cls = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
             out.append(cls(f"tiergate_tier_{suffix}", doc, labels=["tier"]))
-        out.append(GaugeMetricFamily("tiergate_breaker_state", "1 for the breaker's current state, else 0",
+        out.append(GaugeMetricFamily("tiergate_breaker_state", "1 for the breaker's current state, else 0 "
+                                     "(by default as this replica's requests last saw it)",
                                      labels=["tier", "state"]))
         return out
+
+
+# The /metrics entry of the gateway's /openapi.json.
+METRICS_OPENAPI = {"get": {"summary": "Prometheus metrics: request histograms, token usage, per-tier engine "
+                                      "figures, budget rejections, breaker states",
+                           "responses": {"200": {"description": "Prometheus text exposition format 0.0.4",
+                                                 "content": {CONTENT_TYPE_LATEST.split(";")[0]: {
+                                                     "schema": {"type": "string"}}}}}}}
 
 
 def metrics_endpoint(metrics: GatewayMetrics) -> Callable[[Request], Awaitable[Response]]:

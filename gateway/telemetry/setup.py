@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from opentelemetry.sdk.trace.export import SpanExporter
+
 from gateway.telemetry.config import (
     TelemetryConfig,
     TelemetrySettings,
@@ -25,8 +27,10 @@ class Telemetry:
         self.tracing.shutdown()
 
 
-def build_telemetry(config: TelemetryConfig | None = None,
-                    environ: Mapping[str, str] | None = None) -> Telemetry:
-    """Raises TelemetryConfigError (one line naming the setting) on a bad OTEL_* value."""
+def build_telemetry(config: TelemetryConfig | None = None, environ: Mapping[str, str] | None = None, *,
+                    exporter: SpanExporter | None = None) -> Telemetry:
+    """Raises TelemetryConfigError (one line naming the setting) on a bad OTEL_* value.
+
+    `exporter` replaces the configured one and turns tracing on (tests: InMemorySpanExporter)."""
     settings = resolve_telemetry(config, environ)
-    return Telemetry(settings, build_tracing(settings), GatewayMetrics())
+    return Telemetry(settings, build_tracing(settings, exporter=exporter), GatewayMetrics())

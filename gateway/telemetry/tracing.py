@@ -25,6 +25,7 @@ from collections.abc import Iterator, Mapping, MutableMapping, Sequence
 from contextlib import contextmanager
 from typing import IO, Any, Self
 
+from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import (
@@ -41,6 +42,7 @@ from opentelemetry.sdk.trace.sampling import (
 )
 from opentelemetry.sdk.version import __version__ as _sdk_version
 from opentelemetry.trace import (
+    INVALID_SPAN_CONTEXT,
     NonRecordingSpan,
     Span,
     SpanContext,
@@ -77,7 +79,7 @@ class Tracing:
                       server_address: str | None = None, server_port: int | None = None) -> RequestTrace:
         """The SERVER span of one HTTP request, child of the client's traceparent if it sent one."""
         carrier = {k.lower(): v for k, v in headers.items() if k.lower() in ("traceparent", "tracestate")}
-        parent = _PROPAGATOR.extract(carrier)
+        parent = _PROPAGATOR.extract(carrier) if carrier else Context()   # no parent: a new trace
         if self._tracer is None:
             span: Span = NonRecordingSpan(_span_context_of(parent))
         else:
@@ -137,6 +139,11 @@ def _exporter(settings: TelemetrySettings, console_out: IO[str] | None) -> SpanE
 
     return OTLPSpanExporter(endpoint=settings.traces_endpoint, headers=dict(settings.headers),
                             timeout=settings.timeout_s)
+
+
+def untraced_tier_span() -> TierSpan:
+    """A TierSpan that records and propagates nothing: for tier calls made outside a request."""
+    return TierSpan(NonRecordingSpan(INVALID_SPAN_CONTEXT), content_allowed=False)
 
 
 def _span_context_of(context) -> SpanContext:
@@ -247,7 +254,8 @@ class TierSpan:
     def inject(self, headers: MutableMapping[str, str]) -> MutableMapping[str, str]:
         """Write traceparent (this span as parent) and tracestate into outgoing headers."""
         # An invalid context (tracing off, no client traceparent) writes nothing.
-        _PROPAGATOR.inject(headers, context=set_span_in_context(self.span))
+        if self.span.get_span_context().is_valid:
+            _PROPAGATOR.inject(headers, context=set_span_in_context(self.span))
         return headers
 
     # ---- engine events (timestamps default to now; pass the engine's own time if it has one)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from gateway.context import RequestContext, Usage
 from gateway.errors import GatewayError
 from gateway.schema import RequestBody
+from gateway.telemetry.tracing import TierSpan, untraced_tier_span
 
 
 class TierFailure(Exception):
@@ -38,6 +39,9 @@ class TierCall:
     want_logprobs: bool = False      # escalation needs the answer's token logprobs
     # Prompt token ids already computed (classification), keyed by tokenizer identity.
     prompt_ids: dict[str, list[list[int]]] = field(default_factory=dict)
+    # The span of the current tier attempt (the pipeline sets one per attempt): the tier adds
+    # engine events, usage and response attributes, and upstreams inject its traceparent.
+    span: TierSpan = field(default_factory=untraced_tier_span)
 
     @property
     def endpoint(self) -> str:
@@ -61,6 +65,7 @@ class Tier:
         self.config = config
         self.state = "loading"
         self.error: str | None = None
+        self.in_flight = 0               # calls the gateway has open to this tier (for /metrics)
 
     @property
     def ready(self) -> bool:

@@ -181,9 +181,15 @@ class EmbeddedTier(Tier):
         rid = call.ctx.request_id
         scope, priority = self._scope(call)
         results = [ChoiceResult(index) for index, _, _ in jobs]
+        waiting_first = True
 
         async def run(slot: ChoiceResult, ids: list[int], params: SamplingParams) -> None:
+            nonlocal waiting_first
+            call.span.queued(queue_depth=self.engine.stats.queue_depth)
             async for out in self.engine.generate(f"{rid}-{slot.index}", ids, params, scope, priority):
+                if waiting_first:
+                    waiting_first = False
+                    _first_token(call)
                 slot.text += out.text
                 if out.logprobs:
                     slot.logprobs.extend(out.logprobs)
@@ -199,6 +205,7 @@ class EmbeddedTier(Tier):
         except BaseExceptionGroup as group_error:
             raise _tier_error(group_error.exceptions[0]) from None
         usage = _usage(results, call.body.n)
+        _finish_span(call, results, usage)
         chat = isinstance(call.body, ChatCompletionRequest)
         client_lp = call.body.logprobs if chat else call.body.logprobs is not None
         pieces = self.pieces if client_lp else None
@@ -217,18 +224,25 @@ class EmbeddedTier(Tier):
                              self.pieces if client_lp else None)
         rid = call.ctx.request_id
         scope, priority = self._scope(call)
+        for _ in jobs:   # submitted together when the stream is first read
+            call.span.queued(queue_depth=self.engine.stats.queue_depth)
         outputs = _merged(self.engine, [(f"{rid}-{i}", ids, p, i) for i, ids, p in jobs], scope, priority)
         results = {i: ChoiceResult(i) for i, _, _ in jobs}
         started = set()
+        keep_text = call.span.content_allowed   # texts are kept only for an opted-in span
         try:
             async for index, out in outputs:
                 slot = results[index]
                 slot.prompt_tokens, slot.completion_tokens = out.prompt_tokens, out.completion_tokens
                 slot.cached_tokens = out.cached_tokens
+                if out.finished:
+                    slot.finish_reason = out.finish_reason
+                if keep_text:
+                    slot.text += out.text
                 if index not in started:
+                    if not started:
+                        _first_token(call)
                     started.add(index)
-                    if call.ctx.first_token_at is None:
-                        call.ctx.first_token_at = time.perf_counter()
                     if chat:
                         yield writer.role(index)
                 if out.text or out.finished or (client_lp and out.logprobs):
@@ -237,7 +251,9 @@ class EmbeddedTier(Tier):
             raise _tier_error(exc) from None
         finally:
             await outputs.aclose()
-            call.ctx.usage.add(_usage(list(results.values()), body.n))
+            usage = _usage(list(results.values()), body.n)
+            call.ctx.usage.add(usage)
+            _finish_span(call, list(results.values()), usage)
         if body.include_usage:
             yield writer.usage(_usage(list(results.values()), body.n).as_openai())
         yield SSE_DONE
@@ -280,6 +296,24 @@ async def _merged(engine: AsyncEngine, jobs, scope, priority) -> AsyncIterator[t
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _first_token(call: TierCall) -> None:
+    if call.ctx.first_token_at is None:
+        call.ctx.first_token_at = time.perf_counter()
+    call.span.first_token()
+
+
+def _finish_span(call: TierCall, results: list[ChoiceResult], usage: Usage) -> None:
+    """Response attributes and usage (partial when the stream was cut short) on the tier span."""
+    span = call.span
+    if not span.recording:
+        return
+    reasons = [r.finish_reason or "error" for r in results]
+    span.finish(response_id=_response_id(call), response_model=call.alias, finish_reasons=reasons,
+                input_tokens=usage.prompt_tokens, output_tokens=usage.completion_tokens,
+                cache_read_tokens=usage.cached_tokens)
+    span.record_output([r.text for r in results], reasons)
 
 
 def _tier_error(exc: BaseException) -> BaseException:

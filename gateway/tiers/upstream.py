@@ -12,6 +12,7 @@ timeouts, 429 and 5xx are tier failures.
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import AsyncIterator
 
@@ -36,6 +37,8 @@ class UpstreamTier(Tier):
         super().__init__(name, config)
         self.transport: httpx.AsyncBaseTransport | None = None
         self._urls = {endpoint: httpx.URL(config.base_url + path) for endpoint, path in _PATHS.items()}
+        base = httpx.URL(config.base_url)
+        self.address, self.port = base.host, base.port or (443 if base.scheme == "https" else 80)  # for spans
         self._headers = [(b"content-type", b"application/json"), (b"accept", b"*/*"),
                          (b"user-agent", b"tiergate")]
         key = config.api_key()
@@ -58,7 +61,11 @@ class UpstreamTier(Tier):
             await self.transport.aclose()
 
     async def _send(self, call: TierCall, stream: bool) -> httpx.Response:
-        request = httpx.Request("POST", self._urls[call.endpoint], headers=self._headers,
+        headers = self._headers
+        trace = call.span.inject({})   # W3C traceparent: the upstream's spans join the client's trace
+        if trace:
+            headers = headers + [(k.encode("latin-1"), v.encode("latin-1")) for k, v in trace.items()]
+        request = httpx.Request("POST", self._urls[call.endpoint], headers=headers,
                                 content=self._payload(call, stream), extensions={"timeout": self._timeouts})
         try:
             return await self.transport.handle_async_request(request)
@@ -120,6 +127,11 @@ class UpstreamTier(Tier):
         except ValueError:
             raise TierFailure(f"upstream {self.config.base_url} answered with invalid JSON") from None
         usage = _usage(data.get("usage"))
+        if call.span.recording:
+            facts = _AnswerFacts(call.span.content_allowed)
+            facts.read(data)
+            facts.usage = usage
+            facts.finish(call.span)
         mean = None
         if call.want_logprobs:
             mean = _mean_logprob(data)
@@ -131,6 +143,7 @@ class UpstreamTier(Tier):
 
     async def stream(self, call: TierCall) -> AsyncIterator[bytes]:
         self._check_fits(call)
+        facts = _AnswerFacts(call.span.content_allowed)
         response = await self._send(call, True)
         try:
             await self._check_status(response)
@@ -138,15 +151,19 @@ class UpstreamTier(Tier):
                 raise TierFailure(f"upstream {self.config.base_url} did not answer with an event stream")
             include_usage = call.body.include_usage
             buffer = b""
+            first = True
             async for data in response.aiter_bytes():
                 buffer += data
                 *events, buffer = buffer.split(b"\n\n")
                 for event in events:
                     if not event.strip():
                         continue
-                    if call.ctx.first_token_at is None:
-                        call.ctx.first_token_at = time.perf_counter()
-                    if _is_usage_only(event, call) and not include_usage:
+                    if first:
+                        first = False
+                        if call.ctx.first_token_at is None:
+                            call.ctx.first_token_at = time.perf_counter()
+                        call.span.first_token()
+                    if _read_event(event, call, facts) and not include_usage:
                         continue
                     yield event + b"\n\n"
             if buffer.strip():   # a last event without its blank line
@@ -155,21 +172,77 @@ class UpstreamTier(Tier):
             raise self._failure(exc) from None
         finally:
             await response.aclose()
+            if call.span.recording:
+                facts.finish(call.span)
 
 
-def _is_usage_only(event: bytes, call: TierCall) -> bool:
-    """Count usage from the final usage chunk; True for that chunk (choices == [])."""
-    if not event.startswith(b"data: {") or b'"usage"' not in event:
+# Events worth parsing besides the usage chunk: the one that ends a choice.
+_FINISHED = re.compile(rb'"finish_reason":\s*"')
+
+
+def _read_event(event: bytes, call: TierCall, facts: _AnswerFacts) -> bool:
+    """Count usage from the final usage chunk and note what the span reports; True for the
+    usage-only chunk (choices == []). Only events that may matter are parsed."""
+    if not event.startswith(b"data: {"):
+        return False
+    has_usage = b'"usage"' in event
+    if not (has_usage or facts.keep_text or (call.span.recording and _FINISHED.search(event))):
         return False
     try:
         data = json.loads(event[6:])
     except ValueError:
         return False
-    usage = data.get("usage")
+    if call.span.recording:
+        facts.read(data)
+    usage = data.get("usage") if has_usage else None
     if not usage:
         return False
-    call.ctx.usage.add(_usage(usage))
+    counted = _usage(usage)
+    call.ctx.usage.add(counted)
+    facts.usage = counted
     return not data.get("choices")
+
+
+class _AnswerFacts:
+    """What the tier span reports of an upstream's answer: id, model, finish reasons, usage,
+    and the text, kept only for spans whose tenant opted in to content recording."""
+
+    __slots__ = ("finish_reasons", "keep_text", "model", "response_id", "texts", "usage")
+
+    def __init__(self, keep_text: bool):
+        self.keep_text = keep_text
+        self.response_id = self.model = None
+        self.finish_reasons: dict[int, str] = {}
+        self.texts: dict[int, list[str]] = {}
+        self.usage: Usage | None = None
+
+    def read(self, data: dict) -> None:
+        """One JSON answer, or one stream chunk."""
+        self.response_id = data.get("id") or self.response_id
+        self.model = data.get("model") or self.model
+        for choice in data.get("choices") or []:
+            if not isinstance(choice, dict):
+                continue
+            index = choice.get("index", 0)
+            if choice.get("finish_reason"):
+                self.finish_reasons[index] = str(choice["finish_reason"])
+            if self.keep_text:
+                part = choice.get("delta") or choice.get("message") or {}
+                text = part.get("content") if isinstance(part, dict) else None
+                text = choice.get("text") if text is None else text
+                if isinstance(text, str):
+                    self.texts.setdefault(index, []).append(text)
+
+    def finish(self, span) -> None:
+        indexes = sorted(set(self.finish_reasons) | set(self.texts))
+        reasons = [self.finish_reasons.get(i, "error") for i in indexes]
+        usage = self.usage
+        span.finish(response_id=self.response_id, response_model=self.model, finish_reasons=reasons,
+                    input_tokens=usage.prompt_tokens if usage else None,
+                    output_tokens=usage.completion_tokens if usage else None,
+                    cache_read_tokens=usage.cached_tokens if usage else None)
+        if self.keep_text:
+            span.record_output(["".join(self.texts.get(i, [])) for i in indexes], reasons)
 
 
 def _usage(usage) -> Usage:

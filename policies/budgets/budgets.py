@@ -13,6 +13,8 @@ so the store applies it exactly once even if it lost the reservation (see lua_sc
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import functools
 import logging
 import time
 import uuid
@@ -43,6 +45,8 @@ class Budgets:
     def __init__(self, config: LimitsConfig, store: BudgetStore, *, shared: bool):
         """`shared`: the store is remote and may fail (Redis); the memory store never does."""
         self._config = config
+        # Rules depend only on the (immutable) config and the scopes: build them once per scope set.
+        self._rules_for = functools.lru_cache(maxsize=4096)(functools.partial(scope_rules, config))
         self._store = store
         self._shared = shared
         self._local = MemoryBudgetStore()  # the fail-open limiter, per replica
@@ -81,7 +85,7 @@ class Budgets:
         and InvalidScope (a malformed scope id: the gateway answers 400)."""
         if input_tokens < 0 or max_output_tokens < 0:
             raise ValueError("token counts must not be negative")
-        rules = scope_rules(self._config, scopes)
+        rules = self._rules_for(scopes)
         tokens = input_tokens + max_output_tokens
         cost = cost_nano(self._config.prices.get(scopes.tier or ""), input_tokens, max_output_tokens)
         rid = uuid.uuid4().hex
@@ -99,7 +103,9 @@ class Budgets:
             # The script may have run before the connection broke: release that id once Redis is back.
             self._queue_release(Reservation(rid, scopes.tier, tokens, cost, "", "",
                                             tuple(r.scope for r in rules), tuple(r.budget_flags for r in rules), 0))
-            return await self._degraded(plan, scopes.tier)
+            # A fresh id for the local admission: the queued release above owns `rid`, and replaying it
+            # first must not turn this request's usage replay into a duplicate.
+            return await self._degraded(dataclasses.replace(plan, rid=uuid.uuid4().hex), scopes.tier)
         self._mark_up()
         return self._admission(plan, decision, scopes.tier, local=False)
 

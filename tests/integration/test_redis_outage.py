@@ -204,6 +204,28 @@ async def test_a_reserve_that_timed_out_after_running_holds_nothing(server):
     usage = await budgets.usage("t:acme")
     assert usage.in_flight == 1 and usage.reserved_tokens_day == 2          # only the first one
     client = aioredis.Redis.from_url(server.url)
-    assert await client.hget(f"{{{prefix}}}:res:{timed_out.reservation.id}", "st") == b"d"
+    keys = [k async for k in client.scan_iter(match=f"{{{prefix}}}:res:*")]
+    statuses = sorted([await client.hget(k, "st") for k in keys])
     await client.aclose()
+    assert len(statuses) == 2 and statuses.count(b"d") == 1     # the late-running reserve was released
+    await budgets.close()
+
+
+async def test_usage_admitted_while_down_survives_the_release_replay(server):
+    """A reserve that fails against a dead Redis queues a release of its id and is admitted locally.
+    Replaying that release first must not make the request's own usage replay look like a duplicate."""
+    cfg = LimitsConfig.model_validate({
+        "store": {"backend": "redis", "url": server.url, "key_prefix": "u" + uuid.uuid4().hex[:8],
+                  "on_store_failure": "open", "reconnect_interval_s": 0.05},
+        "tenants": {"by_id": {"acme": {"tokens_per_day": 1000}}}})
+    budgets = Budgets.from_config(cfg)
+    await asyncio.to_thread(server.kill)
+    admitted = await budgets.reserve(ACME, 10, 10)
+    assert admitted.allowed and admitted.degraded
+    await asyncio.to_thread(server.start)
+    assert await budgets.flush(3)                       # the queued release lands first
+    assert await budgets.reconcile(admitted.reservation, 10, 5) is FinishStatus.QUEUED
+    assert await budgets.flush(3)
+    usage = await budgets.usage("t:acme")
+    assert (usage.used_tokens_day, usage.reserved_tokens_day) == (15, 0)
     await budgets.close()

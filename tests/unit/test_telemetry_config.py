@@ -154,14 +154,36 @@ def test_build_telemetry_gives_each_gateway_its_own_parts():
         build_telemetry(TelemetryConfig(), environ={"OTEL_TRACES_SAMPLER": "nope"})
 
 
-def test_config_module_imports_only_pydantic():
-    """GatewayConfig embeds TelemetryConfig: importing it must not pull in OTel or the gateway."""
+def test_config_model_imports_only_pydantic():
+    """GatewayConfig embeds TelemetryConfig from policies/: importing it must pull in neither OTel
+    nor the gateway (policies never imports the gateway)."""
     import subprocess
     import sys
 
-    code = ("import sys, gateway.telemetry.config; "
+    code = ("import sys, policies.telemetry_config; "
             "bad = sorted(m for m in sys.modules if m.startswith(('opentelemetry', 'prometheus_client', "
-            "'starlette', 'engines', 'policies')) or (m.startswith('gateway.') and m not in "
-            "('gateway.telemetry', 'gateway.telemetry.config'))); print(bad); assert not bad")
+            "'starlette', 'engines', 'gateway')) or (m.startswith('policies.') and m != "
+            "'policies.telemetry_config')); print(bad); assert not bad")
     result = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_gateway_config_has_the_section_and_tenants_the_opt_in():
+    from gateway.telemetry.config import TelemetryConfig as Reexported
+    from policies.config import ConfigError, parse_config
+
+    cfg = parse_config("""
+tiers: {up: {kind: upstream, base_url: "http://127.0.0.1:9/v1", model: m}}
+tenants: {a: {record_content: true}, b: {}}
+telemetry: {exporter: otlp, endpoint: "http://collector:4318", record_content: true}
+""")
+    assert isinstance(cfg.telemetry, Reexported) and cfg.telemetry.exporter == "otlp"
+    assert cfg.tenants["a"].record_content is True and cfg.tenants["b"].record_content is False
+    assert parse_config('tiers: {up: {kind: upstream, base_url: "http://h/v1", model: m}}').telemetry.exporter == "none"
+    with pytest.raises(ConfigError, match=r"telemetry\.endpoint: .*not an http\(s\) URL"):
+        parse_config('tiers: {up: {kind: upstream, base_url: "http://h/v1", model: m}}\n'
+                     'telemetry: {endpoint: "collector:4318"}')
+    with pytest.raises(ConfigError, match=r"telemetry\.exporterr"):
+        parse_config('tiers: {up: {kind: upstream, base_url: "http://h/v1", model: m}}\n'
+                     'telemetry: {exporterr: otlp}')
+    assert issubclass(TelemetryConfigError, ConfigError)  # the CLI turns it into exit 2 + one line

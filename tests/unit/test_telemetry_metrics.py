@@ -198,3 +198,74 @@ def test_each_gateway_has_its_own_registry():
     assert b"gen_ai_server_request_duration_seconds_count{" in a.exposition()
     assert b"gen_ai_server_request_duration_seconds_count{" not in b.exposition()
     assert b"gen_ai_server" not in prometheus_client.generate_latest(prometheus_client.REGISTRY)
+
+
+def _parsed(metrics: GatewayMetrics) -> dict:
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for f in text_string_to_metric_families(metrics.exposition().decode()) for s in f.samples}
+
+
+def test_tpot_is_per_choice_when_choices_decode_side_by_side():
+    metrics = GatewayMetrics()
+    # 2 choices x 5 tokens in 1.0 s after a 0.2 s TTFT: 0.8 s / 4 gaps = 0.2 s per token, not 0.8 / 9.
+    metrics.observe_request(**REQ, duration_s=1.0, ttft_s=0.2, output_tokens=10, choices=2)
+    m = _parsed(metrics)
+    assert m[("gen_ai_server_time_per_output_token_seconds_sum", labels(**REQ))] == pytest.approx(0.2)
+
+
+def test_a_tier_set_follows_the_tiers_in_force_at_each_scrape():
+    from gateway.telemetry.tier_stats import tier_set_source
+
+    class Tier:
+        def __init__(self, in_flight, engine=None):
+            self.in_flight, self.engine = in_flight, engine
+
+    @dataclass
+    class Engine:
+        stats: EngineStats
+
+    class Holder:
+        current = None
+
+    holder, runtime = Holder(), type("Runtime", (), {})()
+    runtime.tiers = {"emb": Tier(2, Engine(EngineStats(kv_blocks_total=10, kv_blocks_used=4, queue_depth=3))),
+                     "remote": Tier(1), "loading": Tier(0)}
+    holder.current = runtime
+    metrics = GatewayMetrics()
+    metrics.add_tier_set(tier_set_source(holder))
+    m = _parsed(metrics)
+    assert m[("tiergate_tier_in_flight_requests", labels(tier="emb"))] == 2
+    assert m[("tiergate_tier_in_flight_requests", labels(tier="remote"))] == 1
+    assert m[("tiergate_tier_kv_cache_usage_ratio", labels(tier="emb"))] == pytest.approx(0.4)
+    assert m[("tiergate_tier_queue_depth", labels(tier="emb"))] == 3
+    # Tiers without an engine report what the gateway knows (in flight), not zeros for the rest.
+    assert ("tiergate_tier_kv_cache_usage_ratio", labels(tier="remote")) not in m
+    assert ("tiergate_tier_queue_depth", labels(tier="loading")) not in m
+    # A reload swaps the tier set: the next scrape shows the new one only.
+    new = type("Runtime", (), {})()
+    new.tiers = {"other": Tier(5)}
+    holder.current = new
+    m = _parsed(metrics)
+    assert m[("tiergate_tier_in_flight_requests", labels(tier="other"))] == 5
+    assert ("tiergate_tier_in_flight_requests", labels(tier="emb")) not in m
+
+
+def test_breaker_state_follows_the_events_requests_saw():
+    metrics = GatewayMetrics()
+
+    def states() -> dict:
+        m = _parsed(metrics)
+        return {dict(key)["tier"]: dict(key)["state"] for (name, key), v in m.items()
+                if name == "tiergate_breaker_state" and v == 1}
+
+    assert states() == {}
+    metrics.breaker_events([("a", "success"), ("b", "failure"), ("b", "opened")])
+    assert states() == {"a": "closed", "b": "open"}
+    metrics.breaker_events([("b", "open")])              # refused while open
+    assert states()["b"] == "open"
+    metrics.breaker_events([("b", "success")])           # a call let through an open breaker: a probe
+    assert states()["b"] == "half_open"
+    metrics.breaker_events([("b", "success"), ("b", "closed")])
+    assert states() == {"a": "closed", "b": "closed"}
+    metrics.set_breaker_source(lambda: {"a": "open"})    # an exact source replaces what requests saw
+    assert states() == {"a": "open"}
