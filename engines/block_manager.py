@@ -147,6 +147,24 @@ class BlockManager:
                 self._cached[h] = block.block_id
         seq.num_registered_blocks = full
 
+    def truncate(self, seq: Sequence, num_tokens: int) -> None:
+        """Give back the blocks past the first `num_tokens` tokens (rejected speculative slots).
+
+        They never held a registered (hashed) block: registration stops at the computed,
+        accepted tokens. They go to the front of the free list, to be reused before blocks
+        that still carry a cached prefix.
+        """
+        keep = self.blocks_needed(num_tokens)
+        for block_id in reversed(seq.block_table[keep:]):
+            block = self.blocks[block_id]
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                self._free[block_id] = None
+                if block.block_hash is None:
+                    self._free.move_to_end(block_id, last=False)
+        del seq.block_table[keep:]
+        seq.num_registered_blocks = min(seq.num_registered_blocks, keep)
+
     def free(self, seq: Sequence) -> None:
         """Return the sequence's blocks. Tail blocks first, so shared prefixes are evicted last."""
         for block_id in reversed(seq.block_table):

@@ -21,18 +21,16 @@ from engines.sampler import Sampler, TokenLogprob
 from engines.sampling_params import InvalidRequestError, SamplingParams
 from engines.scheduler import Scheduler
 from engines.sequence import Sequence
+from engines.spec.build import build_speculator, load_draft_model
+from engines.spec.verify import SpecGroup
 from engines.stats import EngineStats
 
 log = logging.getLogger(__name__)
 
 
 def _kv_dtype(name: str | None, model_dtype):
-    if not name:
-        return model_dtype
-    if name == "int8":
-        import torch
-        return torch.int8
-    return parse_dtype(name)
+    from engines.kv_cache import KV_CACHE_DTYPES  # "int8", "fp8", "int4" (quantized KV)
+    return model_dtype if not name else KV_CACHE_DTYPES.get(name) or parse_dtype(name)
 
 
 @dataclass
@@ -56,6 +54,8 @@ class _Request:
 
 
 class LLMEngine:
+    spec_supported = True        # speculative decoding (EngineConfig.speculative) is implemented
+
     def __init__(self, loaded: LoadedModel, config: EngineConfig | None = None, identity: str | None = None):
         self.loaded = loaded
         self.config = config = config or EngineConfig()
@@ -63,20 +63,32 @@ class LLMEngine:
         cfg = loaded.config
         self.max_model_len = min(config.max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings)
         kv_dtype = _kv_dtype(config.kv_cache_dtype, loaded.dtype)
-        num_blocks = KVPool.blocks_for_budget(cfg, config.kv_cache_memory_bytes, config.block_size, kv_dtype)
+        spec = config.speculative
+        draft = load_draft_model(spec, loaded, self.max_model_len) if spec else None
+        draft_kv_dtype = _kv_dtype(spec.draft_kv_cache_dtype, draft.dtype) if draft else None
+        # A draft model's pool has as many blocks as the target's: both share the memory budget.
+        bytes_per_block = KVPool.bytes_per_block(cfg, config.block_size, kv_dtype)
+        if draft:
+            bytes_per_block += KVPool.bytes_per_block(draft.config, config.block_size, draft_kv_dtype)
+        num_blocks = config.kv_cache_memory_bytes // bytes_per_block
         if num_blocks < 2:
             raise ValueError(f"kv_cache_memory_bytes={config.kv_cache_memory_bytes} holds fewer than 2 blocks")
         self.pool = KVPool(cfg, num_blocks, config.block_size, kv_dtype)
         self.identity = identity or f"{loaded.path.name}|w={loaded.dtype}|q={loaded.quantization}|kv={kv_dtype}"
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching, self.identity)
         self.headroom_blocks = max(1, int(num_blocks * config.headroom_fraction))
-        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
-                                   self.headroom_blocks)
         self.runner = ModelRunner(loaded.model, self.pool)
         self.sampler = Sampler(config.seed)
         self.tokenizer = loaded.tokenizer
         self._requests: dict[str, _Request] = {}
         self.stats = EngineStats(kv_blocks_total=num_blocks, kv_capacity_tokens=self.pool.capacity_tokens)
+        self.speculator = None
+        if spec:
+            self.speculator = build_speculator(spec, draft, draft_kv_dtype, num_blocks, config.block_size,
+                                               self.sampler, self.stats, self.max_model_len,
+                                               config.max_num_batched_tokens, self.runner)
+        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
+                                   self.headroom_blocks, self.speculator.lookahead if self.speculator else None)
         log.info("KV cache: %d blocks x %d tokens = %d tokens (%.0f MiB, %s)", num_blocks, config.block_size,
                     self.pool.capacity_tokens, self.pool.nbytes / 2**20, kv_dtype)
 
@@ -127,44 +139,86 @@ class LLMEngine:
     # ---- the step ------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         started = time.perf_counter()
+        spec = self.speculator
+        if spec is not None:
+            spec.count_backoff(len(self.scheduler.running))
         plan = self.scheduler.schedule()
         if plan.is_empty:
             return []
+        if spec is not None:
+            spec.propose(plan.scheduled)
+        forward_started = time.perf_counter()
         sampling, logits = self.runner.execute(plan.scheduled)
+        if spec is not None and all(s.num_tokens == 1 for s in plan.scheduled):
+            # Decode steps only: a prefill chunk would make drafting look cheap.
+            spec.observe_target_step(time.perf_counter() - forward_started)
         for s in plan.scheduled:
+            if s.draft_ids:
+                continue            # how far it computed is known after verification
             s.seq.num_computed_tokens += s.num_tokens
             self.block_manager.register_computed(s.seq)
-            if not s.samples:
-                self.stats.prompt_tokens_computed += s.num_tokens
+            self.stats.prompt_tokens_computed += s.num_tokens - (1 if s.samples else 0)
+        plain, groups, row = [], [], 0
+        for s in sampling:
+            if s.draft_ids:
+                groups.append(SpecGroup(s.seq, row, s.draft_ids, s.draft_probs))
             else:
-                self.stats.prompt_tokens_computed += s.num_tokens - 1
+                plain.append((s, row))
+            row += s.num_rows
         outputs = []
-        if sampling:
-            result = self.sampler(logits, [s.seq for s in sampling])
+        if plain:
+            rows = [r for _, r in plain]
+            plain_logits = logits if len(rows) == logits.shape[0] else logits[rows]
+            result = self.sampler(plain_logits, [s.seq for s, _ in plain])
             now = time.monotonic()
-            for s, token, lp in zip(sampling, result.token_ids, result.logprobs):
-                outputs.append(self._append_token(self._requests[s.seq.request_id], token, lp, now))
+            for (s, _), token, lp in zip(plain, result.token_ids, result.logprobs):
+                outputs.append(self._append_tokens(self._requests[s.seq.request_id], [token],
+                                                   [lp] if lp else None, now))
+        if groups:
+            outputs.extend(self._accept(groups, spec.verify(logits, groups)))
+        for s in plan.scheduled:
+            seq = s.seq
+            if s.num_lookahead and not seq.is_finished:
+                # Roll back: slots reserved for drafts past the sequence's end are freed; only
+                # now, with the rejected drafts gone, are its new full blocks registered.
+                self.block_manager.truncate(seq, seq.num_tokens)
+                self.block_manager.register_computed(seq)
         self._update_stats(plan, time.perf_counter() - started)
         return outputs
 
-    def _append_token(self, req: _Request, token: int, lp: TokenLogprob | None, now: float) -> RequestOutput:
+    def _accept(self, groups: list[SpecGroup], verdicts) -> list[RequestOutput]:
+        now = time.monotonic()
+        outputs = []
+        for g, verdict in zip(groups, verdicts):
+            seq = g.seq
+            # Computed this step: its last token and the accepted drafts; the rest is rolled back.
+            seq.num_computed_tokens += 1 + verdict.num_accepted
+            seq.num_draft_computed = min(seq.num_draft_computed, seq.num_computed_tokens)
+            outputs.append(self._append_tokens(self._requests[seq.request_id], verdict.tokens, verdict.logprobs, now))
+        return outputs
+
+    def _append_tokens(self, req: _Request, tokens: list[int], lps: list[TokenLogprob] | None,
+                       now: float) -> RequestOutput:
+        """Append tokens in order until one finishes the request; one delta for all of them."""
         seq = req.seq
-        seq.output_ids.append(token)
         if seq.first_token_time is None:
             seq.first_token_time = now
-        self.stats.generated_tokens += 1
-        reason = None
-        if token in req.stop_ids:
-            reason = "stop"
-        elif req.detok.push(token):
-            reason = "stop"
-        elif len(seq.output_ids) >= seq.params.max_tokens or seq.num_tokens >= self.max_model_len:
-            reason = "length"
+        reason, taken = None, 0
+        for token in tokens:
+            seq.output_ids.append(token)
+            taken += 1
+            self.stats.generated_tokens += 1
+            if token in req.stop_ids or req.detok.push(token):
+                reason = "stop"
+            elif len(seq.output_ids) >= seq.params.max_tokens or seq.num_tokens >= self.max_model_len:
+                reason = "length"
+            if reason:
+                break
         if reason:
             seq.finish_reason = reason
             self.scheduler.remove(seq)
             del self._requests[seq.request_id]
-        return self._output(req, [token], [lp] if lp else None, finished=reason is not None)
+        return self._output(req, tokens[:taken], lps[:taken] if lps else None, finished=reason is not None)
 
     def _output(self, req: _Request, tokens: list[int], lps, finished: bool) -> RequestOutput:
         seq = req.seq

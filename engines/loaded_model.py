@@ -15,6 +15,7 @@ from engines.loaders.default_model import default_gguf_path
 from engines.loaders.gguf_cache import materialize_gguf
 from engines.loaders.hf_awq import awq_group_size, install_awq_linears
 from engines.loaders.hf_checkpoint import open_hf_checkpoint
+from engines.loaders.hf_fp8 import fp8_checkpoint_method, install_fp8_linears
 from engines.model import LlamaForCausalLM
 from engines.model.weights import load_hf_state_dict
 from engines.model_config import ModelConfig
@@ -84,9 +85,13 @@ def load_model(
     else:
         tensors = ckpt.load_tensors()
         awq_group = awq_group_size(ckpt.raw_config)
+        fp8_method = fp8_checkpoint_method(ckpt.raw_config)
         if awq_group is not None:
             install_awq_linears(model, tensors, awq_group)
             quantization = f"awq-checkpoint-g{awq_group}"
+        elif fp8_method is not None:
+            tensors = install_fp8_linears(model, tensors)
+            quantization = f"fp8-checkpoint-{fp8_method}"
         load_hf_state_dict(model, tensors)
     model.eval()
     model.pack_weights()

@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from engines.attention.paged import PagedAttention, build_step_metadata
 from engines.kv_cache import KVPool
 from engines.model import LlamaForCausalLM
 from engines.scheduler import ScheduledSeq
+
+
+@dataclass
+class Chunk:
+    """Tokens of one sequence computed in a forward, from position `start`."""
+    block_table: list[int]
+    start: int
+    token_ids: list[int]
+    logit_rows: int = 0        # how many of its last rows need logits
 
 
 class ModelRunner:
@@ -18,29 +29,36 @@ class ModelRunner:
         self.attn = PagedAttention(pool)
 
     def execute(self, scheduled: list[ScheduledSeq]) -> tuple[list[ScheduledSeq], torch.Tensor]:
-        """Run one step. Returns the scheduled entries that sample, and their logits [N, V]."""
-        ids: list[int] = []
-        sample_rows: list[int] = []
+        """Run one step. Returns the scheduled entries that sample and their logits: `num_rows`
+        consecutive rows per entry (its last token's, then one per draft token)."""
+        chunks: list[Chunk] = []
         sampling: list[ScheduledSeq] = []
         for s in scheduled:
-            seq, start, end = s.seq, s.start, s.start + s.num_tokens
+            seq, start = s.seq, s.start
             if s.num_tokens == 1 and start >= len(seq.prompt_ids):
-                ids.append(seq.output_ids[start - len(seq.prompt_ids)])   # a decode: no list concat
+                ids = [seq.output_ids[start - len(seq.prompt_ids)]]    # a decode: no list concat
             else:
-                ids.extend(seq.all_token_ids[start:end])
+                ids = seq.all_token_ids[start:start + s.num_tokens]
+            if s.draft_ids:
+                ids = ids + s.draft_ids
+            chunks.append(Chunk(seq.block_table, start, ids, s.num_rows))
             if s.samples:
-                sample_rows.append(len(ids) - 1)
                 sampling.append(s)
+        logits = self.forward(chunks)
+        return sampling, logits
+
+    def forward(self, chunks: list[Chunk]) -> torch.Tensor:
+        """One flat forward over all chunks; logits [sum of logit_rows, V] in chunk order."""
+        ids: list[int] = []
+        positions: list[int] = []
+        rows: list[int] = []
+        for c in chunks:
+            ids.extend(c.token_ids)
+            positions.extend(range(c.start, c.start + len(c.token_ids)))
+            rows.extend(range(len(ids) - c.logit_rows, len(ids)))
         self.attn.prepare(build_step_metadata(
-            self.block_size, [(s.seq.block_table, s.start, s.num_tokens) for s in scheduled]))
-        hidden = self.model(torch.tensor(ids, dtype=torch.long), _positions(scheduled), self.attn)
-        if not sampling:
-            return [], torch.empty(0)
-        return sampling, self.model.compute_logits(hidden[torch.tensor(sample_rows)])
-
-
-def _positions(scheduled: list[ScheduledSeq]) -> torch.Tensor:
-    out: list[int] = []
-    for s in scheduled:
-        out.extend(range(s.start, s.start + s.num_tokens))
-    return torch.tensor(out, dtype=torch.long)
+            self.block_size, [(c.block_table, c.start, len(c.token_ids)) for c in chunks]))
+        hidden = self.model(torch.tensor(ids, dtype=torch.long), torch.tensor(positions, dtype=torch.long), self.attn)
+        if not rows:
+            return torch.empty(0)
+        return self.model.compute_logits(hidden[torch.tensor(rows)])

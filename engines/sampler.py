@@ -1,5 +1,9 @@
 """Batched sampling: penalties, temperature, top-k, top-p, min-p, seeds and logprobs as
-tensor operations over all rows at once."""
+tensor operations over all rows at once.
+
+The pieces (`penalize`, `probs`, `draw`, `logprobs`) are also used by speculative decoding,
+whose exact acceptance rule works on the same processed distributions (engines/spec/).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engines.sampling_params import SamplingParams
 from engines.sequence import Sequence
 
 
@@ -32,39 +37,35 @@ class Sampler:
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> SampleResult:
         params = [s.params for s in seqs]
         raw = logits
-        if any(p.uses_penalties for p in params):
-            logits = self._apply_penalties(logits.clone(), seqs)
+        logits = self.penalize(logits, params, [s.output_ids for s in seqs])
         greedy = torch.tensor([p.greedy for p in params])
         tokens = logits.argmax(dim=-1)
         if not bool(greedy.all()):
             rows = (~greedy).nonzero().squeeze(1)
-            tokens[rows] = self._sample(logits[rows], [seqs[i] for i in rows.tolist()])
+            picked = rows.tolist()
+            probs = self.probs(logits[rows], [params[i] for i in picked])
+            tokens[rows] = self.draw(probs, [seqs[i].generator for i in picked])
         token_list = tokens.tolist()
-        logprobs: list[TokenLogprob | None] = [None] * len(seqs)
-        want = [i for i, p in enumerate(params) if p.logprobs]
-        if want:
-            lp = torch.log_softmax(raw[want], dim=-1)
-            k = max(params[i].top_logprobs for i in want)
-            top_vals, top_ids = lp.topk(k, dim=-1) if k else (None, None)
-            for j, i in enumerate(want):
-                n = params[i].top_logprobs
-                top = list(zip(top_ids[j, :n].tolist(), top_vals[j, :n].tolist())) if n else []
-                logprobs[i] = TokenLogprob(token_list[i], float(lp[j, token_list[i]]), top)
-        return SampleResult(token_list, logprobs)
+        return SampleResult(token_list, self.logprobs(raw, token_list, params))
 
+    # ---- the pieces ------------------------------------------------------------------
     @staticmethod
-    def _apply_penalties(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
-        for i, seq in enumerate(seqs):
-            p = seq.params
-            if not p.uses_penalties or not seq.output_ids:
+    def penalize(logits: torch.Tensor, params: list[SamplingParams], histories: list[list[int]]) -> torch.Tensor:
+        """Presence/frequency penalties over each row's own history (a copy when any applies)."""
+        if not any(p.uses_penalties for p in params):
+            return logits
+        logits = logits.clone()
+        for i, (p, history) in enumerate(zip(params, histories)):
+            if not p.uses_penalties or not history:
                 continue
-            ids = torch.tensor(seq.output_ids)
+            ids = torch.tensor(history)
             counts = torch.zeros(logits.shape[1], dtype=logits.dtype).index_add_(0, ids, torch.ones(len(ids)))
             logits[i] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(logits.dtype)
         return logits
 
-    def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
-        params = [s.params for s in seqs]
+    @staticmethod
+    def probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+        """The distribution each (non-greedy) row samples from: temperature, top-k, top-p, min-p."""
         temps = torch.tensor([p.temperature for p in params], dtype=logits.dtype).unsqueeze(1)
         logits = logits / temps
         top_k = [p.top_k for p in params]
@@ -84,12 +85,37 @@ class Sampler:
         if bool((min_p > 0).any()):
             floor = probs.max(dim=-1, keepdim=True).values * min_p.unsqueeze(1)
             probs = probs.masked_fill(probs < floor, 0.0)
-        # Exponential race: argmax(p / E) with E ~ Exp(1) draws from p; a per-request
-        # generator makes seeded requests reproducible whatever else is in the batch.
-        noise = torch.empty_like(probs)
-        seeded = [i for i, s in enumerate(seqs) if s.generator is not None]
-        if len(seeded) < len(seqs):
+        return probs
+
+    def draw(self, weights: torch.Tensor, generators: list[torch.Generator | None]) -> torch.Tensor:
+        """One token per row, drawn proportionally to `weights` (need not be normalized).
+
+        Exponential race: argmax(w / E) with E ~ Exp(1) draws from w; a per-request
+        generator makes seeded requests reproducible whatever else is in the batch.
+        """
+        noise = torch.empty_like(weights)
+        seeded = [i for i, g in enumerate(generators) if g is not None]
+        if len(seeded) < len(generators):
             noise.exponential_(generator=self.generator)
         for i in seeded:
-            noise[i].exponential_(generator=seqs[i].generator)
-        return (probs / noise).argmax(dim=-1)
+            noise[i].exponential_(generator=generators[i])
+        return (weights / noise).argmax(dim=-1)
+
+    def uniform(self, n: int, generator: torch.Generator | None) -> torch.Tensor:
+        return torch.rand(n, generator=generator or self.generator)
+
+    @staticmethod
+    def logprobs(raw: torch.Tensor, tokens: list[int], params: list[SamplingParams]) -> list[TokenLogprob | None]:
+        """Logprobs of the chosen tokens under the model's own distribution (raw logits)."""
+        out: list[TokenLogprob | None] = [None] * len(tokens)
+        want = [i for i, p in enumerate(params) if p.logprobs]
+        if not want:
+            return out
+        lp = torch.log_softmax(raw[want], dim=-1)
+        k = max(params[i].top_logprobs for i in want)
+        top_vals, top_ids = lp.topk(k, dim=-1) if k else (None, None)
+        for j, i in enumerate(want):
+            n = params[i].top_logprobs
+            top = list(zip(top_ids[j, :n].tolist(), top_vals[j, :n].tolist())) if n else []
+            out[i] = TokenLogprob(tokens[i], float(lp[j, tokens[i]]), top)
+        return out

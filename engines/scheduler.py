@@ -5,6 +5,11 @@ served first (oldest first); when a running sequence needs a block and none is f
 newest (lowest-priority) sequence is preempted and will be recomputed. Waiting sequences
 are admitted by (priority, arrival) only in steps without preemption, and only if their
 blocks fit with headroom to spare.
+
+Speculative decoding: a decoding sequence may be given `num_lookahead` extra slots for
+draft tokens (the `lookahead` callback decides how many). They count against the token
+budget and are allocated with the sequence's blocks; when they do not fit, the sequence
+decodes without them rather than preempting anyone.
 """
 
 from __future__ import annotations
@@ -12,21 +17,35 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import torch
+
 from engines.block_manager import BlockManager
-from engines.sequence import Sequence, SeqStatus
+from engines.sequence import SeqStatus, Sequence
 
 
 @dataclass
 class ScheduledSeq:
     seq: Sequence
     start: int          # first position computed this step
-    num_tokens: int
+    num_tokens: int     # of the sequence's own tokens
+    num_lookahead: int = 0          # slots reserved for draft tokens after them
+    # Filled by the speculator before the forward: draft tokens computed after the
+    # sequence's tokens, and the draft distribution each was drawn from (None: point mass
+    # or greedy).
+    draft_ids: list[int] = field(default_factory=list)
+    draft_probs: torch.Tensor | None = None
 
     @property
     def samples(self) -> bool:
         return self.start + self.num_tokens == self.seq.num_tokens
+
+    @property
+    def num_rows(self) -> int:
+        """Logits rows this entry needs: its last token's, plus one per draft token."""
+        return 1 + len(self.draft_ids) if self.samples else 0
 
 
 @dataclass
@@ -36,7 +55,8 @@ class SchedulerOutput:
 
     @property
     def num_tokens(self) -> int:
-        return sum(s.num_tokens for s in self.scheduled)
+        """Budgeted tokens: the sequences' own plus their reserved draft slots."""
+        return sum(s.num_tokens + s.num_lookahead for s in self.scheduled)
 
     @property
     def is_empty(self) -> bool:
@@ -45,8 +65,10 @@ class SchedulerOutput:
 
 class Scheduler:
     def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 headroom_blocks: int = 1):
+                 headroom_blocks: int = 1, lookahead: Callable[[Sequence, int], int] | None = None):
+        """lookahead(seq, number of running sequences) -> draft slots wanted by a decoding seq."""
         self.bm = block_manager
+        self.lookahead = lookahead
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.headroom_blocks = headroom_blocks
@@ -79,6 +101,7 @@ class Scheduler:
             self._waiting = [e for e in self._waiting if e[-1] is not seq]
             heapq.heapify(self._waiting)
         self.bm.free(seq)
+        seq.num_draft_computed = 0
         seq.status = SeqStatus.FINISHED
 
     # ---- the step plan -------------------------------------------------------------
@@ -86,6 +109,7 @@ class Scheduler:
         out = SchedulerOutput()
         budget = self.max_num_batched_tokens
         queue = deque(self.running)
+        num_running = len(self.running)
         kept: list[Sequence] = []
         while queue:
             seq = queue.popleft()
@@ -93,6 +117,10 @@ class Scheduler:
             if n == 0:
                 kept.append(seq)
                 continue
+            # Draft slots never take the one token each later running sequence needs.
+            k = self._lookahead(seq, num_running, budget - n - len(queue))
+            if k and not self.bm.try_grow(seq, seq.num_computed_tokens + n + k):
+                k = 0                     # speculation never costs anyone a preemption
             while not self.bm.try_grow(seq, seq.num_computed_tokens + n):
                 victim = max([*queue, seq], key=Sequence.sort_key)
                 if victim is not seq:
@@ -102,8 +130,8 @@ class Scheduler:
                 if victim is seq:
                     break
             else:
-                out.scheduled.append(ScheduledSeq(seq, seq.num_computed_tokens, n))
-                budget -= n
+                out.scheduled.append(ScheduledSeq(seq, seq.num_computed_tokens, n, k))
+                budget -= n + k
                 kept.append(seq)
         self.running = kept
         if not out.preempted:
@@ -123,9 +151,15 @@ class Scheduler:
             budget -= n
         return budget
 
+    def _lookahead(self, seq: Sequence, num_running: int, budget_left: int) -> int:
+        if self.lookahead is None or not seq.is_decoding:
+            return 0
+        return max(0, min(self.lookahead(seq, num_running), budget_left))
+
     def _preempt(self, seq: Sequence) -> None:
         self.bm.free(seq)
         seq.num_computed_tokens = 0
+        seq.num_draft_computed = 0
         seq.num_preemptions += 1
         self.num_preemptions += 1
         self.add(seq)

@@ -37,6 +37,10 @@ class Sequence:
     block_hashes: list[bytes] = field(default_factory=list)
     num_registered_blocks: int = 0      # leading blocks already entered in the prefix cache
     first_token_time: float | None = None
+    # Speculative decoding: the draft model's KV (same block table, its own pool) holds
+    # positions [0, num_draft_computed); the adaptive-k estimate (successes, failures) EWMA.
+    num_draft_computed: int = 0
+    spec_ewma: tuple[float, float] | None = None
 
     def __post_init__(self) -> None:
         if self.params.seed is not None:
@@ -53,6 +57,11 @@ class Sequence:
     @property
     def num_uncomputed(self) -> int:
         return self.num_tokens - self.num_computed_tokens
+
+    @property
+    def is_decoding(self) -> bool:
+        """Only its newest (sampled) token is left to compute: it may speculate."""
+        return self.num_uncomputed == 1 and bool(self.output_ids)
 
     @property
     def is_finished(self) -> bool:

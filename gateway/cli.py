@@ -48,11 +48,11 @@ def _build_parser() -> argparse.ArgumentParser:
 
     ev = sub.add_parser("eval", help="quality evaluations that write JSON")
     ev_sub = ev.add_subparsers(dest="eval", required=True)
-    ppl = ev_sub.add_parser("ppl", help="held-out perplexity of each weight variant")
+    ppl = ev_sub.add_parser("ppl", help="held-out perplexity of each weight and KV-cache variant")
     ppl.add_argument("--json", required=True, dest="json_out")
     ppl.add_argument("--quant", action="append", dest="variants",
                      help="variant to evaluate (repeatable): fp32, bf16, int8, int4-rtn-g64, int4-rtn-g128, "
-                          "int4-awq-g64, int4-awq-g128, fp8, kv-bf16, kv-int8")
+                          "int4-awq-g64, int4-awq-g128, fp8, kv-bf16, kv-int8, kv-fp8, kv-int4")
     ppl.add_argument("--sequences", type=int, default=24)
 
     hk = sub.add_parser("hash-key", help="print the SHA-256 digest of an API key, for auth.keys[].sha256")
@@ -102,6 +102,7 @@ def _add_bench_parsers(bench_sub) -> None:
     spec.add_argument("--batch-sizes", default="16,32")
     spec.add_argument("--draft-model", help="separate draft model (default: the model's int8 copy)")
     spec.add_argument("--self-group-size", type=int, default=32, choices=[32, 64, 128])
+    spec.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
     spec.set_defaults(run=_bench_spec)
 
 
@@ -131,7 +132,7 @@ def _bench_spec(args: argparse.Namespace) -> int:
     except ValueError:
         raise UsageError(f"--batch-sizes must be integers separated by commas, got {args.batch_sizes!r}") from None
     return run_spec_bench(args.json_out, args.dtype, args.per_task, args.chat_requests, args.max_tokens, sizes,
-                          args.draft_model, args.self_group_size)
+                          args.draft_model, args.self_group_size, args.threads)
 
 
 def _bench_gateway(args: argparse.Namespace) -> int:

@@ -1,4 +1,4 @@
-"""Pick the implementation of each op for the device: Triton on CUDA (kernels issue),
+"""Pick the implementation of each op for the device: Triton on CUDA (kernels/triton),
 the C++ CPU kernels where they compiled, else the torch reference."""
 
 from __future__ import annotations
@@ -6,8 +6,21 @@ from __future__ import annotations
 import torch
 
 from kernels.cpu_extension import load_cpu_kernels
-from kernels.reference import paged_attention_ref, write_kv_int8_ref, write_kv_ref
+from kernels.reference import (
+    paged_attention_ref,
+    write_kv_fp8_ref,
+    write_kv_int4_ref,
+    write_kv_int8_ref,
+    write_kv_ref,
+)
 from kernels.triton.select import use_triton
+
+# Quantized pools are told apart by their storage dtype: int8, fp8 e4m3, int4 (two per uint8).
+_QUANTIZED_WRITES = {
+    torch.int8: ("write_kv_int8", write_kv_int8_ref),
+    torch.float8_e4m3fn: ("write_kv_fp8", write_kv_fp8_ref),
+    torch.uint8: ("write_kv_int4", write_kv_int4_ref),
+}
 
 
 class AttentionOps:
@@ -20,14 +33,13 @@ class AttentionOps:
         self.name = "triton" if self.triton else "cpu-cpp" if self.native is not None else "torch-reference"
 
     def write_kv(self, k, v, k_pool, v_pool, slot_mapping, kv_scales=None) -> None:
-        """kv_scales: (k_scale, v_scale) for an int8 pool, else None."""
-        if self.triton:
+        """kv_scales: (k_scale, v_scale) for a quantized pool (int8, fp8, int4), else None."""
+        if self.triton and k_pool.dtype != torch.uint8:       # the Triton kernels have no int4 pool
             return self.triton.write_kv(k, v, k_pool, v_pool, slot_mapping, kv_scales)
         if kv_scales is not None:
-            if self.native is not None:
-                self.native.write_kv_int8(k, v, k_pool, v_pool, *kv_scales, slot_mapping)
-            else:
-                write_kv_int8_ref(k, v, k_pool, v_pool, *kv_scales, slot_mapping)
+            native_name, reference = _QUANTIZED_WRITES[k_pool.dtype]
+            op = getattr(self.native, native_name) if self.native is not None else reference
+            op(k, v, k_pool, v_pool, *kv_scales, slot_mapping)
         elif self.native is not None:
             self.native.write_kv(k, v, k_pool, v_pool, slot_mapping)
         else:
@@ -35,21 +47,23 @@ class AttentionOps:
 
     def paged_attention(self, q, k_pool, v_pool, block_tables, seq_of_token, context_lens, scale: float,
                         kv_scales=None):
-        if self.triton:
+        if self.triton and k_pool.dtype != torch.uint8:
             return self.triton.paged_attention(q, k_pool, v_pool, block_tables, seq_of_token, context_lens, scale,
                                                kv_scales)
         if self.native is not None:
             if kv_scales is None:
                 return self.native.paged_attention(q, k_pool, v_pool, block_tables, seq_of_token, context_lens, scale)
-            if self._native_int8_ok(q, k_pool):
-                return self.native.paged_attention_int8(q, k_pool, v_pool, *kv_scales, block_tables, seq_of_token,
-                                                        context_lens, scale)
+            if self._native_quantized_ok(q, k_pool):
+                return self.native.paged_attention_quantized(q, k_pool, v_pool, *kv_scales, block_tables,
+                                                             seq_of_token, context_lens, scale)
         return paged_attention_ref(q, k_pool, v_pool, block_tables, seq_of_token, context_lens, scale, kv_scales)
 
     @staticmethod
-    def _native_int8_ok(q, k_pool) -> bool:
+    def _native_quantized_ok(q, k_pool) -> bool:
+        """The shapes the 16-lane C++ kernel is instantiated for (others use the reference)."""
         d, g = q.shape[-1], q.shape[1] // k_pool.shape[0]
-        return k_pool.shape[3] == 16 and d in (64, 128) and g in (1, 2, 3, 4, 8) and not (d == 128 and g == 3)
+        return (k_pool.shape[3] == 16 and q.dtype in (torch.float32, torch.bfloat16) and d in (64, 128)
+                and g in (1, 2, 3, 4, 8) and not (d == 128 and g == 3))
 
 
 def _triton_attention_ops():

@@ -17,6 +17,8 @@ class SpeculativeConfig:
     ngram_min: int = 1
     adaptive: bool = True                     # adapt k to the measured acceptance rate
     max_batch: int = 8                        # above this many running sequences, decode without speculation
+    verify_cost: float = 0.05                 # adaptive k: cost of one more verified row, in target steps
+    draft_group_size: int = 32                # method "self": INT4 group (the GGUF's own 4-bit grid is 32)
 
     def __post_init__(self) -> None:
         if self.num_tokens < 1:
@@ -25,3 +27,7 @@ class SpeculativeConfig:
             raise ValueError("method 'draft' needs draft_model")
         if not 1 <= self.ngram_min <= self.ngram_max:
             raise ValueError("need 1 <= ngram_min <= ngram_max")
+        if self.max_batch < 1 or self.verify_cost < 0:
+            raise ValueError("max_batch must be at least 1 and verify_cost at least 0")
+        if self.draft_group_size not in (32, 64, 128, 256):
+            raise ValueError("draft_group_size must be one of 32, 64, 128, 256")

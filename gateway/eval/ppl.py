@@ -1,5 +1,6 @@
-"""`tiergate eval ppl`: perplexity, greedy agreement with fp32, weight bytes and decode speed
-of each weight variant, on the fixed held-out ShareGPT slice, in one command."""
+"""`tiergate eval ppl`: perplexity, greedy agreement with fp32, weight bytes, KV bytes per
+token and decode speed (batch 1, 8, 32) of each weight and KV-cache variant, on the fixed
+held-out ShareGPT slice, in one command."""
 
 from __future__ import annotations
 
@@ -12,21 +13,22 @@ from rich.table import Table
 
 from engines.attention.contiguous import ContiguousAttention
 from engines.attention.paged import build_step_metadata
-from engines.sequence import Sequence
 from engines.engine_config import EngineConfig
 from engines.llm_engine import LLMEngine
 from engines.loaded_model import load_model
 from engines.quantization import quantize_model, weight_bytes
-from engines.sampling_params import SamplingParams
-from gateway.bench.common import machine_info, write_json
 from engines.quantization.awq import awq_quantize
+from engines.sampling_params import SamplingParams
+from engines.sequence import Sequence
+from gateway.bench.common import machine_info, write_json
 from gateway.eval.calibration import calibration_sequences
 from gateway.eval.heldout import heldout_sequences
 
 DEFAULT_VARIANTS = ("fp32", "bf16", "int8", "int4-rtn-g64", "int4-rtn-g128", "int4-awq-g64", "int4-awq-g128", "fp8",
-                    "kv-bf16", "kv-int8")
+                    "kv-bf16", "kv-int8", "kv-fp8", "kv-int4")
 # KV variants: bf16 weights, logits computed through the paged KV pool of that dtype.
-KV_VARIANTS = {"kv-bf16": None, "kv-int8": "int8"}
+KV_VARIANTS = {"kv-bf16": None, "kv-int8": "int8", "kv-fp8": "fp8", "kv-int4": "int4"}
+DECODE_BATCHES = (1, 8, 32)
 
 
 def _load_variant(name: str):
@@ -80,49 +82,80 @@ def _decode_speed(loaded, prompts: list[list[int]], batch: int, new_tokens: int 
     return best
 
 
+def _evaluate(name: str, loaded, sequences: list[list[int]], ref_top1: list[torch.Tensor]) -> dict:
+    kv_engine = None
+    if name in KV_VARIANTS:
+        kv_engine = LLMEngine(loaded, EngineConfig(kv_cache_memory_bytes=64 * 2**20, enable_prefix_caching=False,
+                                                   kv_cache_dtype=KV_VARIANTS[name]))
+    nll, count, agree = 0.0, 0, 0
+    for ids, top1 in zip(sequences, ref_top1):
+        logits = (_paged_logits(kv_engine, ids) if kv_engine else _logits(loaded.model, ids))[:-1]
+        targets = torch.tensor(ids[1:])
+        nll += float(torch.nn.functional.cross_entropy(logits, targets, reduction="sum"))
+        count += len(targets)
+        agree += int((logits.argmax(-1) == top1).sum())
+    entry = {
+        "perplexity": math.exp(nll / count),
+        "top1_agreement_with_fp32": agree / count,
+        "weight_bytes": weight_bytes(loaded.model),
+        "decode_tokens_per_s": {f"batch_{b}": _decode_speed(loaded, sequences, b, kv=KV_VARIANTS.get(name))
+                                for b in DECODE_BATCHES},
+    }
+    if kv_engine:
+        entry["kv_bytes_per_token"] = kv_engine.pool.nbytes // kv_engine.pool.capacity_tokens
+    return entry
+
+
 def run_ppl_eval(json_out: str, variants: list[str], n_sequences: int) -> int:
     console = Console(stderr=True)
+    started = time.perf_counter()
     reference = load_model("default", "float32")
     sequences = heldout_sequences(reference.tokenizer, reference.chat_template, n=n_sequences)
     ref_top1 = [_logits(reference.model, ids)[:-1].argmax(-1) for ids in sequences]
     report = {"benchmark": "ppl", "machine": machine_info(),
               "workload": {"sequences": len(sequences), "tokens": sum(len(s) for s in sequences),
-                           "source": "ShareGPT V3 held-out records (index >= 12000), first exchange, chat-templated"},
+                           "source": "ShareGPT V3 held-out records (index >= 12000), first exchange, chat-templated",
+                           "decode": "batching engine, 64 new tokens per sequence, prompts cut to 128 tokens, "
+                                     "best of 2 runs"},
               "variants": {}}
-    for name in variants:
-        console.log(f"evaluating {name}")
+    for i, name in enumerate(variants, 1):
+        t0 = time.perf_counter()
+        console.log(f"[{i}/{len(variants)}] {name}: loading")
         loaded = reference if name == "fp32" else _load_variant(name)
-        kv_engine = None
-        if name in KV_VARIANTS:
-            kv_engine = LLMEngine(loaded, EngineConfig(kv_cache_memory_bytes=64 * 2**20, enable_prefix_caching=False,
-                                                       kv_cache_dtype=KV_VARIANTS[name]))
-        nll, count, agree = 0.0, 0, 0
-        for ids, top1 in zip(sequences, ref_top1):
-            logits = (_paged_logits(kv_engine, ids) if kv_engine else _logits(loaded.model, ids))[:-1]
-            targets = torch.tensor(ids[1:])
-            nll += float(torch.nn.functional.cross_entropy(logits, targets, reduction="sum"))
-            count += len(targets)
-            agree += int((logits.argmax(-1) == top1).sum())
-        report["variants"][name] = {
-            "perplexity": math.exp(nll / count),
-            "top1_agreement_with_fp32": agree / count,
-            "weight_bytes": weight_bytes(loaded.model),
-            "decode_tokens_per_s": {f"batch_{b}": _decode_speed(loaded, sequences, b, kv=KV_VARIANTS.get(name))
-                                    for b in (1, 32)},
-        }
-        if kv_engine:
-            report["variants"][name]["kv_bytes_per_token"] = kv_engine.pool.nbytes // kv_engine.pool.capacity_tokens
-    base = report["variants"].get("fp32", {}).get("perplexity")
-    if base:
-        for entry in report["variants"].values():
-            entry["ppl_increase_vs_fp32"] = entry["perplexity"] / base - 1
+        console.log(f"[{i}/{len(variants)}] {name}: perplexity and decode speed")
+        report["variants"][name] = entry = _evaluate(name, loaded, sequences, ref_top1)
+        console.log(f"[{i}/{len(variants)}] {name}: ppl {entry['perplexity']:.3f}, "
+                    f"{entry['decode_tokens_per_s']['batch_1']:.1f} tok/s at batch 1 "
+                    f"({time.perf_counter() - t0:.0f} s; {time.perf_counter() - started:.0f} s in all)")
+    _add_ratios(report["variants"])
+    report["wall_s"] = time.perf_counter() - started
     write_json(json_out, report)
-    table = Table(title=f"held-out perplexity ({len(sequences)} conversations)")
-    for col in ("variant", "ppl", "vs fp32", "top-1 agree", "weights MB", "tok/s b1", "tok/s b32"):
+    console.print(_table(report, len(sequences)))
+    return 0
+
+
+def _add_ratios(variants: dict) -> None:
+    """Perplexity vs fp32; tokens held per KV byte vs bf16 KV; batch-1 speed vs bf16 weights."""
+    base = variants.get("fp32", {}).get("perplexity")
+    kv_base = variants.get("kv-bf16", {}).get("kv_bytes_per_token")
+    speed_base = variants.get("bf16", {}).get("decode_tokens_per_s", {}).get("batch_1")
+    for entry in variants.values():
+        if base:
+            entry["ppl_increase_vs_fp32"] = entry["perplexity"] / base - 1
+        if kv_base and "kv_bytes_per_token" in entry:
+            entry["kv_tokens_vs_bf16"] = kv_base / entry["kv_bytes_per_token"]
+        if speed_base:
+            entry["batch_1_speed_vs_bf16"] = entry["decode_tokens_per_s"]["batch_1"] / speed_base
+
+
+def _table(report: dict, n: int) -> Table:
+    table = Table(title=f"held-out perplexity ({n} conversations)")
+    for col in ("variant", "ppl", "vs fp32", "top-1 agree", "weights MB", "KV B/token",
+                *(f"tok/s b{b}" for b in DECODE_BATCHES)):
         table.add_column(col)
     for name, e in report["variants"].items():
+        speeds = e["decode_tokens_per_s"]
         table.add_row(name, f"{e['perplexity']:.3f}", f"{e.get('ppl_increase_vs_fp32', 0) * 100:+.2f} %",
                       f"{e['top1_agreement_with_fp32'] * 100:.1f} %", f"{e['weight_bytes'] / 1e6:.0f}",
-                      f"{e['decode_tokens_per_s']['batch_1']:.1f}", f"{e['decode_tokens_per_s']['batch_32']:.1f}")
-    console.print(table)
-    return 0
+                      str(e.get("kv_bytes_per_token", "")), *(f"{speeds[f'batch_{b}']:.1f}" for b in DECODE_BATCHES))
+    return table

@@ -1,6 +1,6 @@
 // Paged attention kernels that compute in fp32 lanes: the general one (any head size,
-// block size and pair packing) and the 16-lane one for unpacked pools with 16-token blocks,
-// where a block's scores for one query head are one vector.
+// block size and pair packing) and the 16-lane one for unpacked pools with 16-token blocks
+// (fp32, int8, fp8 and int4 storage), where a block's scores for one query head are one vector.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -87,12 +87,71 @@ void attention_kernel(const QT* q, const ST* k_pool, const ST* v_pool, const int
   });
 }
 
+// How a 16-token block is stored, per pool type: K scores and value sums over one block.
+// ST = float or int8_t: one element per value (K block [DIM][BS], V block [BS][DIM]);
+// Fp8E4M3: the same, each element read as value * 2^-8 (kUnit folds the 2^8 into the scales).
+template <typename ST, int DIM, int GMAX>
+struct BlockOps {
+  static constexpr int64_t kBlockElems = DIM * 16, kRowElems = DIM;
+  static constexpr float kUnit = std::is_same_v<ST, Fp8E4M3> ? kFp8Unit : 1.f;
+  static constexpr bool kZero = false;
+  // s[g][t] += sum_d q[g][d] k[t][d] over the block's 16 tokens.
+  static inline void scores(const ST* kt, const float (*qf)[DIM], v16f* s) {
+    for (int d = 0; d < DIM; ++d) {
+      const v16f kd = load16(kt + d * 16);
+      for (int g = 0; g < GMAX; ++g) s[g] += qf[g][d] * kd;
+    }
+  }
+  // acc[g] += w[g] * v[t] for one token's value row.
+  static inline void add_row(const ST* vr, const float* w, v16f (*acc)[DIM / 16]) {
+    for (int c = 0; c < DIM / 16; ++c) {
+      const v16f vv = load16(vr + c * 16);
+      for (int g = 0; g < GMAX; ++g) acc[g][c] += w[g] * vv;
+    }
+  }
+};
+
+// INT4 pools: K block [DIM/2][BS] and V block [BS][DIM/2] bytes, each byte holding head dims
+// j and j + DIM/2; values are q * scale + zero, the zero handled per token by the caller.
+template <int DIM, int GMAX>
+struct BlockOps<Int4Pair, DIM, GMAX> {
+  static constexpr int64_t kBlockElems = DIM / 2 * 16, kRowElems = DIM / 2;
+  static constexpr float kUnit = 1.f;
+  static constexpr bool kZero = true;
+  static_assert(DIM % 32 == 0, "int4 pools need a head size that is a multiple of 32");
+  static inline void scores(const Int4Pair* kt, const float (*qf)[DIM], v16f* s) {
+    for (int i = 0; i < DIM / 2; ++i) {
+      v16f lo, hi;
+      load16_nibbles(kt + i * 16, lo, hi);
+      for (int g = 0; g < GMAX; ++g) s[g] += qf[g][i] * lo + qf[g][i + DIM / 2] * hi;
+    }
+  }
+  static inline void add_row(const Int4Pair* vr, const float* w, v16f (*acc)[DIM / 16]) {
+    constexpr int H = DIM / 32;   // 16-lane chunks per half of the head
+    for (int c = 0; c < H; ++c) {
+      v16f lo, hi;
+      load16_nibbles(vr + c * 16, lo, hi);
+      for (int g = 0; g < GMAX; ++g) {
+        acc[g][c] += w[g] * lo;
+        acc[g][c + H] += w[g] * hi;
+      }
+    }
+  }
+};
+
+// The 16-lane kernel for unpacked 16-token blocks: fp32 pools (no scales) and quantized pools
+// with one fp16 scale per (KV head, token) for K and for V ([Hkv, NB, BS]; for INT4
+// [Hkv, NB, 2, BS]: scales, then zeros). A token's K scale multiplies its score and its V
+// scale its probability: dequantization costs one multiply per token, not per element. With a
+// zero point z, q.k = scale * q.kq + z * sum(q), and the values gain z * sum_t p_t.
 template <typename QT, typename ST, int DIM, int GMAX>
 void attention_kernel_v16(const QT* q, const ST* k_pool, const ST* v_pool, const at::Half* k_scale,
                           const at::Half* v_scale, const int64_t* tables, const int64_t* seqs, const int64_t* lens,
                           QT* out, int64_t B, int64_t Hq, int64_t Hkv, int64_t NB, int64_t max_blocks, float scale) {
+  using Ops = BlockOps<ST, DIM, GMAX>;
   constexpr int BS = 16;
   constexpr int C = DIM / 16;   // 16-lane chunks per head row
+  constexpr int SCALE_ROWS = Ops::kZero ? 2 : 1;
   static_assert(DIM % 16 == 0, "head size must be a multiple of 16");
   at::parallel_for(0, B * Hkv, 1, [&](int64_t begin, int64_t end) {
     alignas(64) float qf[GMAX][DIM];
@@ -100,10 +159,14 @@ void attention_kernel_v16(const QT* q, const ST* k_pool, const ST* v_pool, const
       const int64_t b = item / Hkv, h = item % Hkv;
       const int64_t ctx = lens[b];
       v16f acc[GMAX][C];
-      float m[GMAX], l[GMAX];
+      float m[GMAX], l[GMAX], qsum[GMAX];
       for (int g = 0; g < GMAX; ++g) {
         const QT* qrow = q + (b * Hq + h * GMAX + g) * DIM;
-        for (int d = 0; d < DIM; ++d) qf[g][d] = static_cast<float>(qrow[d]) * scale;
+        qsum[g] = 0.f;
+        for (int d = 0; d < DIM; ++d) {
+          qf[g][d] = static_cast<float>(qrow[d]) * scale;
+          qsum[g] += qf[g][d];
+        }
         for (int c = 0; c < C; ++c) acc[g][c] = v16f{};
         m[g] = -std::numeric_limits<float>::infinity();
         l[g] = 0.f;
@@ -113,25 +176,32 @@ void attention_kernel_v16(const QT* q, const ST* k_pool, const ST* v_pool, const
         const int64_t block = tables[seqs[b] * max_blocks + j];
         const int n_tok = static_cast<int>(std::min<int64_t>(BS, ctx - j * BS));
         const int64_t base = h * NB + block;
-        const ST* kt = k_pool + base * DIM * BS;
-        const ST* vb = v_pool + base * BS * DIM;
+        const ST* kt = k_pool + base * Ops::kBlockElems;
+        const ST* vb = v_pool + base * Ops::kBlockElems;
         v16f s[GMAX];
         for (int g = 0; g < GMAX; ++g) s[g] = v16f{};
-        for (int d = 0; d < DIM; ++d) {
-          const v16f kd = load16(kt + d * BS);
-          for (int g = 0; g < GMAX; ++g) s[g] += qf[g][d] * kd;
-        }
-        // Quantized pools: a token's K scale multiplies its score, its V scale its probability.
-        alignas(64) float ks[BS], vs[BS];
+        Ops::scores(kt, qf, s);
+        alignas(64) float ks[BS], vs[BS], kz[BS], vz[BS];
         if (k_scale != nullptr) {
+          const at::Half* ksb = k_scale + base * SCALE_ROWS * BS;
+          const at::Half* vsb = v_scale + base * SCALE_ROWS * BS;
           for (int t = 0; t < BS; ++t) {
-            ks[t] = static_cast<float>(k_scale[base * BS + t]);
-            vs[t] = static_cast<float>(v_scale[base * BS + t]);
+            ks[t] = static_cast<float>(ksb[t]) * Ops::kUnit;
+            vs[t] = static_cast<float>(vsb[t]) * Ops::kUnit;
           }
           const v16f kscale = load16(ks);
           for (int g = 0; g < GMAX; ++g) s[g] *= kscale;
+          if constexpr (Ops::kZero) {
+            for (int t = 0; t < BS; ++t) {
+              kz[t] = static_cast<float>(ksb[BS + t]);
+              vz[t] = static_cast<float>(vsb[BS + t]);
+            }
+            const v16f kzero = load16(kz);
+            for (int g = 0; g < GMAX; ++g) s[g] += qsum[g] * kzero;
+          }
         }
         alignas(64) float p[GMAX][BS];
+        float zsum[GMAX];
         for (int g = 0; g < GMAX; ++g) {
           alignas(64) float sc[BS];
           std::memcpy(sc, &s[g], 64);
@@ -148,16 +218,21 @@ void attention_kernel_v16(const QT* q, const ST* k_pool, const ST* v_pool, const
           m[g] = block_max;
           l[g] = l[g] * correction + sum;
           for (int c = 0; c < C; ++c) acc[g][c] *= correction;
-          if (v_scale != nullptr)
+          zsum[g] = 0.f;
+          if (v_scale != nullptr) {
+            if constexpr (Ops::kZero)
+              for (int t = 0; t < n_tok; ++t) zsum[g] += p[g][t] * vz[t];
             for (int t = 0; t < BS; ++t) p[g][t] *= vs[t];
-        }
-        for (int t = 0; t < n_tok; ++t) {
-          const ST* vr = vb + t * DIM;
-          for (int c = 0; c < C; ++c) {
-            const v16f vv = load16(vr + c * 16);
-            for (int g = 0; g < GMAX; ++g) acc[g][c] += p[g][t] * vv;
           }
         }
+        for (int t = 0; t < n_tok; ++t) {
+          float w[GMAX];
+          for (int g = 0; g < GMAX; ++g) w[g] = p[g][t];
+          Ops::add_row(vb + t * Ops::kRowElems, w, acc);
+        }
+        if constexpr (Ops::kZero)
+          for (int g = 0; g < GMAX; ++g)
+            for (int c = 0; c < C; ++c) acc[g][c] += zsum[g];
       }
       for (int g = 0; g < GMAX; ++g) {
         QT* orow = out + (b * Hq + h * GMAX + g) * DIM;

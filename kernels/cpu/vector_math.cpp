@@ -1,4 +1,5 @@
-// Scalar and 16-lane helpers shared by the CPU kernels (bf16 <-> fp32, vector exp).
+// Scalar and 16-lane helpers shared by the CPU kernels (bf16 <-> fp32, fp8 and int4 -> fp32,
+// vector exp), and the storage types of quantized KV pools.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -9,6 +10,10 @@
 #include <limits>
 #include <type_traits>
 #include <vector>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 namespace {
 
@@ -31,12 +36,71 @@ inline v16f load16(const float* p) {
   std::memcpy(&r, p, 64);
   return r;
 }
-inline v16f load16(const int8_t* p) {
-  typedef int8_t v16b __attribute__((vector_size(16)));
-  v16b b;
-  std::memcpy(&b, p, 16);
-  return __builtin_convertvector(b, v16f);
+// FP8 e4m3fn storage (bias 7, no infinities, 0x7F/0xFF NaN, never written by our kernels).
+struct Fp8E4M3 {
+  uint8_t bits;
+};
+
+// Two 4-bit values 0..15 in one byte of an INT4 KV pool: head dim j in the low nibble and
+// head dim j + D/2 in the high one, so 16 bytes unpack into two whole 16-lane vectors.
+struct Int4Pair {
+  uint8_t bits;
+};
+
+// e4m3 -> fp32 times 2^-8, exact: the sign and the 7 exponent/mantissa bits, shifted into an
+// fp16 (bias 15), are the e4m3 value scaled by 2^(7-15); subnormals map to fp16 subnormals,
+// which the fp16 -> fp32 conversion turns into normal floats. Callers fold the 2^8 into the
+// per-token or per-channel scale (kFp8Unit) instead of multiplying every element.
+constexpr float kFp8Unit = 256.f;
+inline float fp8_to_f32(uint8_t b) {
+  const uint16_t bits = static_cast<uint16_t>(((b & 0x80) << 8) | ((b & 0x7F) << 7));
+  _Float16 h;
+  std::memcpy(&h, &bits, 2);
+  return static_cast<float>(h) * kFp8Unit;
 }
+
+// Byte -> 16-lane conversions. GCC's generic vector conversions from bytes come out scalar,
+// so AVX-512 builds use intrinsics (fp8: vpmovzxbw, two masks and shifts, vcvtph2ps).
+#if defined(__AVX512F__)
+inline v16f as_v16f(__m512 x) {
+  v16f r;
+  std::memcpy(&r, &x, 64);
+  return r;
+}
+inline v16f load16(const int8_t* p) {
+  return as_v16f(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)))));
+}
+inline v16f load16(const Fp8E4M3* p) {
+  const __m256i w = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  const __m256i bits = _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(w, _mm256_set1_epi16(0x80)), 8),
+                                       _mm256_slli_epi16(_mm256_and_si256(w, _mm256_set1_epi16(0x7F)), 7));
+  return as_v16f(_mm512_cvtph_ps(bits));
+}
+// 16 bytes of an INT4 pool -> the low nibbles and the high nibbles as 16 fp32 lanes each.
+inline void load16_nibbles(const Int4Pair* p, v16f& lo, v16f& hi) {
+  const __m512i w = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  lo = as_v16f(_mm512_cvtepi32_ps(_mm512_and_si512(w, _mm512_set1_epi32(15))));
+  hi = as_v16f(_mm512_cvtepi32_ps(_mm512_srli_epi32(w, 4)));
+}
+#else
+inline v16f load16(const int8_t* p) {
+  v16f r;
+  for (int i = 0; i < 16; ++i) r[i] = static_cast<float>(p[i]);
+  return r;
+}
+inline v16f load16(const Fp8E4M3* p) {
+  v16f r;
+  for (int i = 0; i < 16; ++i) r[i] = fp8_to_f32(p[i].bits) / kFp8Unit;
+  return r;
+}
+inline void load16_nibbles(const Int4Pair* p, v16f& lo, v16f& hi) {
+  for (int i = 0; i < 16; ++i) {
+    lo[i] = static_cast<float>(p[i].bits & 15);
+    hi[i] = static_cast<float>(p[i].bits >> 4);
+  }
+}
+#endif
+
 inline v16f load16(const uint16_t* p) {
   typedef uint16_t v16h __attribute__((vector_size(32)));
   typedef uint32_t v16u __attribute__((vector_size(64)));

@@ -120,33 +120,3 @@ def test_native_fused_elementwise_ops_match_reference(native, dtype, tol):
     # The fused op rounds once; compare with fp32 math on the same inputs.
     exact = silu_mul_ref(gate_up.float())
     torch.testing.assert_close(native.silu_mul(gate_up).float(), exact, rtol=tol, atol=tol)
-
-
-@pytest.mark.parametrize("qdtype", [torch.float32, torch.bfloat16])
-def test_int8_kv_native_matches_reference_and_stays_close_to_unquantized(native, qdtype):
-    from kernels.reference import write_kv_int8_ref
-
-    hkv, blocks, bs, d, hq, t = 3, 12, 16, 64, 9, 40
-    g = torch.Generator().manual_seed(7)
-    k = torch.randn(t, hkv, d, generator=g).to(qdtype)
-    v = torch.randn(t, hkv, d, generator=g).to(qdtype)
-    slots = torch.randperm(blocks * bs, generator=g)[:t]
-
-    def pools():
-        return (torch.zeros(hkv, blocks, d, bs, 1, dtype=torch.int8), torch.zeros(hkv, blocks, bs, d, 1, dtype=torch.int8),
-                torch.ones(hkv, blocks, bs, dtype=torch.float16), torch.ones(hkv, blocks, bs, dtype=torch.float16))
-
-    a, b = pools(), pools()
-    native.write_kv_int8(k, v, a[0], a[1], a[2], a[3], slots)
-    write_kv_int8_ref(k, v, b[0], b[1], b[2], b[3], slots)
-    assert all(torch.equal(x, y) for x, y in zip(a, b))
-    keys, values = gather_kv(a[0], a[1], torch.arange(blocks), (a[2], a[3]))
-    assert (keys[:, slots].transpose(0, 1) - k.float()).abs().max() < 0.03     # half an int8 step of max|k| ~ 3
-    table = torch.zeros(1, blocks, dtype=torch.long)
-    table[0] = torch.arange(blocks)
-    q = torch.randn(5, hq, d, generator=g).to(qdtype)
-    seq = torch.zeros(5, dtype=torch.long)
-    lens = torch.tensor([blocks * bs] * 5)
-    got = native.paged_attention_int8(q, a[0], a[1], a[2], a[3], table, seq, lens, 0.125)
-    want = paged_attention_ref(q, a[0], a[1], table, seq, lens, 0.125, (a[2], a[3]))
-    assert (got.float() - want.float()).abs().max() < (2e-2 if qdtype == torch.bfloat16 else 1e-4)

@@ -94,7 +94,7 @@ def test_quantized_tiny_model_stays_close(tmp_path, method):
 def test_awq_scale_search_beats_plain_rounding_on_outlier_channels():
     """With a few input channels carrying large activations, the searched scale lowers the
     output error of INT4 rounding (AWQ's premise); alpha = 0 would reproduce plain RTN."""
-    from engines.quantization.awq import _fake_quant, search_scale
+    from engines.quantization.awq import InputStats, _fake_quant, search_scale
 
     g = torch.Generator().manual_seed(1)
     w = torch.randn(64, 256, generator=g)
@@ -102,13 +102,13 @@ def test_awq_scale_search_beats_plain_rounding_on_outlier_channels():
     x[:, :8] *= 30.0                                            # salient channels
     ref = x @ w.t()
     rtn_err = ((x @ _fake_quant(w, 64).t() - ref) ** 2).mean()
-    s = search_scale(w, x, 64)
+    s = search_scale(w, InputStats.of(x), 64)
     awq_err = ((x @ (_fake_quant(w * s, 64) / s).t() - ref) ** 2).mean()
     assert awq_err < 0.8 * rtn_err
 
 
 def test_awq_clip_search_never_worse_than_no_clipping():
-    from engines.quantization.awq import clip_and_quantize
+    from engines.quantization.awq import InputStats, clip_and_quantize
     from engines.quantization.int4 import dequantize_int4
 
     g = torch.Generator().manual_seed(2)
@@ -118,9 +118,51 @@ def test_awq_clip_search_never_worse_than_no_clipping():
     ref = x @ w.t()
     q, s, z = quantize_int4(w, 64)
     plain = ((x @ dequantize_int4(q, s, z, 64).t() - ref) ** 2).sum()
-    q, s, z = clip_and_quantize(w, x, 64)
+    q, s, z = clip_and_quantize(w, InputStats.of(x).gram, 64)
     clipped = ((x @ dequantize_int4(q, s, z, 64).t() - ref) ** 2).sum()
     assert clipped <= plain
+
+
+def test_input_stats_give_the_activations_output_error_and_follow_the_folded_scale():
+    """sum((D H) * D) with H = x^T x / T is the mean squared output error ||x D^T||^2 / T, and
+    the statistics of x / s follow from those of x (the searches never keep activations)."""
+    from engines.quantization.awq import InputStats, output_error
+
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(300, 48, generator=g) * torch.rand(48, generator=g) * 3
+    d = torch.randn(20, 48, generator=g) * 0.01
+    stats = InputStats.of(x)
+    direct = float(((x @ d.t()) ** 2).sum()) / x.shape[0]
+    assert abs(output_error(d, stats.gram) - direct) < 1e-4 * direct
+    s = torch.rand(48, generator=g) + 0.5
+    folded, fresh = stats.divided_by(s), InputStats.of(x / s)
+    torch.testing.assert_close(folded.gram, fresh.gram, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(folded.mean_abs, fresh.mean_abs)
+
+
+def test_captured_input_stats_cover_every_calibration_token(tmp_path):
+    """capture_input_stats equals the statistics of the inputs a hook sees, over all sequences."""
+    from engines.attention.contiguous import ContiguousAttention
+    from engines.loaded_model import load_model
+    from engines.quantization.awq import InputStats, capture_input_stats
+    from tests.tiny_models import write_tiny_checkpoint
+
+    write_tiny_checkpoint(tmp_path, intermediate_size=128)
+    model = load_model(tmp_path, "float32").model
+    sequences = [list(range(1, 40)), list(range(50, 61))]
+    stats = capture_input_stats(model, sequences)
+    assert len(stats) == 4 * len(model.layers)
+    seen = []
+    hook = model.layers[1].mlp.down_proj.register_forward_hook(lambda _m, args, _o: seen.append(args[0].clone()))
+    for ids in sequences:
+        attn = ContiguousAttention(model.config, len(ids), torch.float32)
+        attn.begin_step(0, len(ids))
+        model(torch.tensor(ids), torch.arange(len(ids)), attn)
+    hook.remove()
+    want = InputStats.of(torch.cat(seen))
+    got = stats["layers.1.mlp.down_proj"]
+    torch.testing.assert_close(got.gram, want.gram, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(got.mean_abs, want.mean_abs, rtol=1e-5, atol=1e-6)
 
 
 def test_awq_on_tiny_model_keeps_it_close(tmp_path):
@@ -186,7 +228,8 @@ def test_quantize_cli_and_cached_tier_artifact(tmp_path):
     write_tiny_checkpoint(tmp_path / "src", intermediate_size=128)
     out = tmp_path / "out"
     proc = subprocess.run([sys.executable, "-m", "gateway.cli", "quantize", "--method", "int8", "--model",
-                           str(tmp_path / "src"), "--out", str(out)], capture_output=True, text=True, timeout=120)
+                           str(tmp_path / "src"), "--out", str(out)], capture_output=True, text=True, timeout=120,
+                          check=False)
     assert proc.returncode == 0, proc.stderr
     assert (out / "quantization_config.json").is_file() and (out / "tokenizer.json").is_file()
     first = ensure_quantized(str(tmp_path / "src"), "int4-rtn", 32, cache_root=tmp_path / "cache")
@@ -198,9 +241,9 @@ def test_quantize_cli_and_cached_tier_artifact(tmp_path):
 def test_awq_scale_folding_preserves_the_function(tmp_path, monkeypatch):
     """With rounding switched off, AWQ's scaled and folded model equals the original: the
     scales moved into norms, v_proj rows (shared per KV head) and up_proj rows cancel out."""
-    import engines.quantization.awq as awq
     from engines.attention.contiguous import ContiguousAttention
     from engines.loaded_model import load_model
+    from engines.quantization import awq
     from tests.tiny_models import write_tiny_checkpoint
 
     class Unrounded(torch.nn.Module):
@@ -226,3 +269,26 @@ def test_awq_scale_folding_preserves_the_function(tmp_path, monkeypatch):
         return model.compute_logits(model(ids, torch.arange(len(ids)), attn))
 
     torch.testing.assert_close(logits(folded), logits(ref), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("rows", [1, 3, 8, 9, 40])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fp8_linear_cpu_paths_equal_the_dequantized_weight(rows, dtype):
+    """Decode-sized inputs (<= 8 rows) take the fused C++ kernel, larger ones the exact bf16
+    conversion + GEMM; both compute x (q * scale)^T with the scale applied to the output.
+    K = 200 is not a multiple of 16, so the kernel's scalar tail runs too."""
+    from kernels.cpu_extension import load_cpu_kernels
+
+    native = load_cpu_kernels()
+    assert native is not None
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(72, 200, generator=g) * torch.rand(72, 1, generator=g)
+    w[5, 7] = 1e-6                                                   # an e4m3 subnormal after scaling
+    module = Fp8Linear(w, None)
+    assert torch.equal(native.fp8_to_bf16(module.qweight).float(), module.qweight.float())   # exact
+    x = torch.randn(rows, 200, generator=g).to(dtype)
+    want = x.float() @ module.dequantized().t()
+    got = module(x)
+    assert got.dtype == dtype and got.shape == (rows, 72)
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    assert (got.float() - want).abs().max() <= tol * want.abs().max()

@@ -1,0 +1,76 @@
+"""Build a tier's speculator: load or derive the draft model, size its KV pool, wire it up."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from engines.errors import ModelLoadError
+from engines.kv_cache import KVPool
+from engines.loaded_model import LoadedModel, load_model
+from engines.model_runner import ModelRunner
+from engines.quantization import quantize_model
+from engines.sampler import Sampler
+from engines.spec.config import SpeculativeConfig
+from engines.spec.kv_mirror import MirroredAttention
+from engines.spec.model_draft import ModelDraftSource
+from engines.spec.ngram import NgramSource
+from engines.spec.speculator import Speculator
+from engines.stats import EngineStats
+
+log = logging.getLogger(__name__)
+
+SELF_DRAFT_QUANTIZATIONS = ("int4-rtn", "int8", "fp8")
+
+
+def load_draft_model(spec: SpeculativeConfig, target: LoadedModel, max_model_len: int) -> LoadedModel | None:
+    """The draft model of a "draft" or "self" config (None for "ngram"), checked against the target.
+
+    "self": the target's own checkpoint with quantized weights (`draft_quantization`), or,
+    when `draft_model` names one, a quantized copy built beforehand (e.g. by `tiergate
+    quantize --method int4-awq`). "draft": another model sharing the target's tokenizer.
+    """
+    if spec.method == "ngram":
+        return None
+    if spec.method == "self" and not spec.draft_model:
+        if spec.draft_quantization not in SELF_DRAFT_QUANTIZATIONS:
+            raise ModelLoadError(f"self-draft quantization {spec.draft_quantization!r} is not built in-process; "
+                             f"choose one of {SELF_DRAFT_QUANTIZATIONS}, or quantize with `tiergate quantize` "
+                             "and pass the artifact as draft_model")
+        draft = load_model(target.path, target.dtype)
+        quantize_model(draft.model, spec.draft_quantization, spec.draft_group_size, progress=False)
+        draft.quantization = f"{spec.draft_quantization}-g{spec.draft_group_size}"
+        _share_embedding(draft, target)
+    else:
+        draft = load_model(spec.draft_model, target.dtype)
+    if draft.config.vocab_size != target.config.vocab_size or \
+            draft.tokenizer.backend.get_vocab() != target.tokenizer.backend.get_vocab():
+        raise ModelLoadError(f"draft model {draft.name} does not share the target's tokenizer")
+    if draft.config.max_position_embeddings < max_model_len:
+        raise ModelLoadError(f"draft model {draft.name} handles {draft.config.max_position_embeddings} positions, "
+                         f"fewer than the engine's context length {max_model_len}")
+    log.info("speculative draft: %s (%s, %s)", draft.name, draft.dtype, draft.quantization or "unquantized")
+    return draft
+
+
+def _share_embedding(draft: LoadedModel, target: LoadedModel) -> None:
+    """The self-draft keeps the target's (unquantized) embedding and tied head: one copy."""
+    draft.model.embed_tokens = target.model.embed_tokens
+    if target.model._tied_head is not None:
+        draft.model._tied_head = target.model._tied_head
+
+
+def build_speculator(spec: SpeculativeConfig, draft: LoadedModel | None, draft_kv_dtype: torch.dtype | None,
+                     num_blocks: int, block_size: int, sampler: Sampler, stats: EngineStats, max_model_len: int,
+                     max_catchup_tokens: int, target_runner: ModelRunner) -> Speculator:
+    if spec.method == "ngram":
+        source = NgramSource(spec.ngram_min, spec.ngram_max)
+    else:
+        # Same number and size of blocks as the target pool: the draft uses its block tables.
+        pool = KVPool(draft.config, num_blocks, block_size, draft_kv_dtype)
+        mirrored = spec.method == "self" and draft.config == target_runner.model.config
+        source = ModelDraftSource(spec.method, draft.model, pool, sampler, max_catchup_tokens, mirrored)
+        if mirrored:
+            target_runner.attn = MirroredAttention(target_runner.attn, pool)
+    return Speculator(spec, source, sampler, stats, max_model_len)

@@ -1,0 +1,95 @@
+"""Verification of draft tokens: the exact rule that keeps the target's distribution.
+
+For draft x_j drawn from q_j, with p_j the target's processed distribution at that
+position (penalties over the history including the earlier drafts, temperature, top-k/p,
+min-p): accept with probability min(1, p_j(x_j) / q_j(x_j)); at the first rejection draw
+from normalize(max(0, p_j - q_j)) and stop; when all k are accepted draw a bonus token
+from p_k. A point-mass proposal (n-gram) has q_j = one-hot(x_j). Greedy requests accept
+while the draft equals the target's argmax and then take the target's argmax.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engines.sampler import Sampler, TokenLogprob
+from engines.sequence import Sequence
+
+
+@dataclass
+class SpecGroup:
+    seq: Sequence
+    row: int                        # logits row of the sequence's last token; drafts follow
+    drafts: list[int]
+    q: torch.Tensor | None          # [len(drafts), V] draft distributions; None: point mass
+
+
+@dataclass
+class Verdict:
+    num_accepted: int
+    tokens: list[int]               # the accepted drafts, then the target's own token
+    logprobs: list[TokenLogprob] | None
+
+
+def accept_probability(p_x: torch.Tensor, q_x: torch.Tensor) -> torch.Tensor:
+    """min(1, p(x) / q(x)) per draft token (q(x) > 0: x was drawn from q)."""
+    return (p_x / q_x.clamp_min(torch.finfo(q_x.dtype).tiny)).clamp_max(1.0)
+
+
+def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """What to draw from after rejecting a draft: max(0, p - q) (unnormalized)."""
+    return (p - q).clamp_min(0.0)
+
+
+def verify(logits: torch.Tensor, groups: list[SpecGroup], sampler: Sampler) -> list[Verdict]:
+    rows = [g.row + j for g in groups for j in range(len(g.drafts) + 1)]
+    params = [g.seq.params for g in groups for _ in range(len(g.drafts) + 1)]
+    histories = [g.seq.output_ids + g.drafts[:j] for g in groups for j in range(len(g.drafts) + 1)]
+    raw = logits[rows]
+    processed = sampler.penalize(raw, params, histories)
+    sampled = [i for i, p in enumerate(params) if not p.greedy]
+    probs = sampler.probs(processed[sampled], [params[i] for i in sampled]) if sampled else None
+    prob_row = {r: i for i, r in enumerate(sampled)}
+    verdicts = []
+    offset = 0
+    for g in groups:
+        n = len(g.drafts) + 1
+        if g.seq.params.greedy:
+            m, token = _greedy(processed[offset:offset + n], g.drafts)
+        else:
+            p = probs[prob_row[offset]:prob_row[offset] + n]
+            m, token = _sampled(p, g, sampler)
+        tokens = g.drafts[:m] + [token]
+        lps = None
+        if g.seq.params.logprobs:
+            lps = sampler.logprobs(raw[offset:offset + m + 1], tokens, [g.seq.params] * (m + 1))
+        verdicts.append(Verdict(m, tokens, lps))
+        offset += n
+    return verdicts
+
+
+def _greedy(logits: torch.Tensor, drafts: list[int]) -> tuple[int, int]:
+    best = logits.argmax(dim=-1).tolist()
+    m = 0
+    while m < len(drafts) and drafts[m] == best[m]:
+        m += 1
+    return m, best[m]
+
+
+def _sampled(p: torch.Tensor, g: SpecGroup, sampler: Sampler) -> tuple[int, int]:
+    k, gen = len(g.drafts), g.seq.generator
+    drafts = torch.tensor(g.drafts)
+    p_x = p[torch.arange(k), drafts]
+    q_x = torch.ones(k) if g.q is None else g.q[torch.arange(k), drafts]
+    accepted = sampler.uniform(k, gen) < accept_probability(p_x, q_x)     # u ~ U[0, 1)
+    m = k if bool(accepted.all()) else int((~accepted).nonzero()[0])
+    if m == k:
+        weights = p[k]
+    else:
+        q_m = g.q[m] if g.q is not None else torch.zeros_like(p[m]).index_fill_(0, drafts[m:m + 1], 1.0)
+        weights = residual(p[m], q_m)
+        if not bool((weights > 0).any()):
+            weights = p[m]   # p == q: a rejection had probability 0; guards rounding only
+    return m, int(sampler.draw(weights.unsqueeze(0), [gen])[0])
