@@ -29,7 +29,7 @@ from engines.attention.contiguous import ContiguousAttention
 from engines.model import LlamaForCausalLM
 from engines.quantization.int4 import Int4Linear, dequantize_int4, quantize_int4
 
-ALPHAS = [i / 20 for i in range(21)]
+ALPHAS = [i / 10 for i in range(11)]
 CLIP_RATIOS = [1.0 - 0.05 * i for i in range(10)]
 
 

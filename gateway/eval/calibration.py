@@ -8,7 +8,7 @@ from gateway.bench.workload import iter_sharegpt_records
 CALIBRATION_START, CALIBRATION_END = 2_000, 6_000
 
 
-def calibration_sequences(tokenizer, chat_template, n: int = 32, max_tokens: int = 512) -> list[list[int]]:
+def calibration_sequences(tokenizer, chat_template, n: int = 16, max_tokens: int = 256) -> list[list[int]]:
     out: list[list[int]] = []
     for index, record in enumerate(iter_sharegpt_records()):
         if index < CALIBRATION_START:
