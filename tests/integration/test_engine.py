@@ -199,4 +199,4 @@ def test_int8_kv_cache_logits_and_capacity():
     diff = (logits["int8"] - logits["bf16"]).abs()
     # Quantization noise (held-out perplexity moves by ~0.1 %, see `tiergate eval ppl`); a
     # layout or scale bug gives differences of several units everywhere.
-    assert diff[0].mean().item() < 0.15 and diff.mean().item() < 0.6
+    assert diff[0].mean().item() < 0.3 and diff.mean().item() < 0.6   # 0.19 seen with AMX bf16 GEMMs (Xeon)
