@@ -44,6 +44,12 @@ class RequestOutput:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
+    # Per-request engine facts so far (for trace events); times are time.monotonic().
+    scheduled_at: float | None = None   # first admitted to a batch
+    num_preemptions: int = 0
+    preempted_at: float | None = None   # the latest preemption
+    spec_proposed: int = 0              # draft tokens verified
+    spec_accepted: int = 0              # of which accepted
 
 
 @dataclass
@@ -194,6 +200,8 @@ class LLMEngine:
             # Computed this step: its last token and the accepted drafts; the rest is rolled back.
             seq.num_computed_tokens += 1 + verdict.num_accepted
             seq.num_draft_computed = min(seq.num_draft_computed, seq.num_computed_tokens)
+            seq.spec_proposed += len(g.drafts)
+            seq.spec_accepted += verdict.num_accepted
             outputs.append(self._append_tokens(self._requests[seq.request_id], verdict.tokens, verdict.logprobs, now))
         return outputs
 
@@ -226,7 +234,9 @@ class LLMEngine:
             request_id=seq.request_id, token_ids=tokens, text=req.detok.take_delta(finished), logprobs=lps,
             finished=finished, finish_reason=seq.finish_reason if finished else None,
             prompt_tokens=len(seq.prompt_ids), completion_tokens=len(seq.output_ids),
-            cached_tokens=seq.num_cached_prompt_tokens)
+            cached_tokens=seq.num_cached_prompt_tokens, scheduled_at=seq.scheduled_time,
+            num_preemptions=seq.num_preemptions, preempted_at=seq.preempted_time,
+            spec_proposed=seq.spec_proposed, spec_accepted=seq.spec_accepted)
 
     def _update_stats(self, plan, elapsed: float) -> None:
         st, bm = self.stats, self.block_manager

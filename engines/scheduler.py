@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -145,6 +146,8 @@ class Scheduler:
                 break  # first come, first served: no overtaking of the head of the queue
             heapq.heappop(self._waiting)
             seq.status = SeqStatus.RUNNING
+            if seq.scheduled_time is None:
+                seq.scheduled_time = time.monotonic()
             self.running.append(seq)
             n = min(seq.num_uncomputed, budget)
             out.scheduled.append(ScheduledSeq(seq, seq.num_computed_tokens, n))
@@ -161,5 +164,6 @@ class Scheduler:
         seq.num_computed_tokens = 0
         seq.num_draft_computed = 0
         seq.num_preemptions += 1
+        seq.preempted_time = time.monotonic()
         self.num_preemptions += 1
         self.add(seq)

@@ -37,6 +37,11 @@ class Sequence:
     block_hashes: list[bytes] = field(default_factory=list)
     num_registered_blocks: int = 0      # leading blocks already entered in the prefix cache
     first_token_time: float | None = None
+    # Per-request facts for tracing (time.monotonic()): first admission, latest preemption.
+    scheduled_time: float | None = None
+    preempted_time: float | None = None
+    spec_proposed: int = 0               # draft tokens verified for this request
+    spec_accepted: int = 0               # of which accepted
     # Speculative decoding: the draft model's KV (same block table, its own pool) holds
     # positions [0, num_draft_computed); the adaptive-k estimate (successes, failures) EWMA.
     num_draft_computed: int = 0

@@ -24,7 +24,7 @@ from gateway.reload import ConfigReloader
 from gateway.runtime import RuntimeHolder
 from gateway.telemetry.metrics import METRICS_OPENAPI, metrics_route
 from gateway.telemetry.setup import Telemetry, build_telemetry
-from gateway.telemetry.tier_stats import tier_set_source
+from gateway.telemetry.tier_stats import breaker_states, tier_set_source
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +44,7 @@ def build_app(holder: RuntimeHolder, reloader: ConfigReloader | None = None,
     Telemetry settings are read once: a reload does not change them (tenants' opt-ins it does)."""
     telemetry = telemetry or build_telemetry(holder.current.config.telemetry)
     telemetry.metrics.add_tier_set(tier_set_source(holder))
+    telemetry.metrics.set_breaker_reader(lambda: breaker_states(holder))
     pipeline = Pipeline(holder, telemetry)
     openapi = openapi_document()
     openapi["paths"]["/metrics"] = METRICS_OPENAPI

@@ -17,7 +17,7 @@ def check_config(path: str) -> int:
 
 
 def generate(args: argparse.Namespace) -> int:
-    from gateway.cli import UsageError
+    from gateway.usage_error import UsageError
 
     cfg = load_config(args.config)
     tier_name = args.tier or cfg.default_tier
@@ -56,9 +56,9 @@ def serve(config_path: str, host: str | None, port: int | None) -> int:
     import uvicorn
 
     from gateway.app import build_app
-    from gateway.cli import UsageError
     from gateway.reload import ConfigReloader
     from gateway.runtime import RuntimeHolder, build_runtime
+    from gateway.usage_error import UsageError
     from policies.config import is_loopback
 
     cfg = load_config(config_path)

@@ -11,6 +11,7 @@ tenant id, an API key or request text as a label value.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 
@@ -34,6 +35,7 @@ TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1
 DURATION_BUCKETS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92)
 REQUEST_LABELS = ("tier", "profile", "tenant_class")
 BREAKER_STATES = ("closed", "open", "half_open")
+BREAKER_READ_TIMEOUT_S = 1.0
 
 StatsSource = Callable[[], object]
 
@@ -63,6 +65,7 @@ class GatewayMetrics:
         # Until a source is set: each breaker's state as this replica's requests last saw it.
         self._breakers_seen: dict[str, str] = {}
         self._collector.breakers = self._breakers_seen.copy
+        self._breaker_reader: Callable[[], Awaitable[Mapping[str, str]]] | None = None
 
     # ---- wiring (at start)
     def add_tier(self, tier: str, stats: StatsSource) -> None:
@@ -77,6 +80,25 @@ class GatewayMetrics:
     def set_breaker_source(self, states: Callable[[], Mapping[str, str]]) -> None:
         """`states()` -> {tier: "closed" | "open" | "half_open"}, read at every scrape."""
         self._collector.breakers = states
+
+    def set_breaker_reader(self, read: Callable[[], Awaitable[Mapping[str, str]]]) -> None:
+        """An async `read()` -> {tier: state} from the breaker store itself (shared by every
+        replica when it is Redis), awaited by the /metrics endpoint before each scrape."""
+        self._breaker_reader = read
+
+    async def refresh(self) -> None:
+        """Read what the scrape needs from async sources; on failure keep this replica's view."""
+        if self._breaker_reader is None:
+            return
+        try:
+            async with asyncio.timeout(BREAKER_READ_TIMEOUT_S):
+                states = dict(await self._breaker_reader())
+        except Exception as exc:  # noqa: BLE001 - a scrape must not fail because a store is down
+            log.warning("metrics: reading breaker states from the store failed (%r); reporting this "
+                        "replica's view", exc)
+            self._collector.breakers = self._breakers_seen.copy
+            return
+        self._collector.breakers = lambda: states
 
     def breaker_events(self, events: Iterable[tuple[str, str]]) -> None:
         """A request's breaker steps (issue #8's ctx.breaker_events, in order): (tier, event) with
@@ -206,7 +228,7 @@ class _TierStateCollector:
             cls = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
             out.append(cls(f"tiergate_tier_{suffix}", doc, labels=["tier"]))
         out.append(GaugeMetricFamily("tiergate_breaker_state", "1 for the breaker's current state, else 0 "
-                                     "(by default as this replica's requests last saw it)",
+                                     "(read from the breaker store at scrape time)",
                                      labels=["tier", "state"]))
         return out
 
@@ -223,6 +245,7 @@ def metrics_endpoint(metrics: GatewayMetrics) -> Callable[[Request], Awaitable[R
     """A Starlette endpoint serving `metrics` in the Prometheus text format."""
 
     async def endpoint(request: Request) -> Response:
+        await metrics.refresh()
         return Response(metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
     return endpoint

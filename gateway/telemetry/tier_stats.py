@@ -7,6 +7,7 @@ runtime holder (holder.current.tiers), so a config reload's new tiers show up by
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -38,3 +39,15 @@ def tier_set_source(holder: Any) -> Callable[[], Mapping[str, TierStatsView]]:
         return {name: tier_stats(tier) for name, tier in holder.current.tiers.items()}
 
     return current
+
+
+async def breaker_states(holder: Any) -> Mapping[str, str]:
+    """For GatewayMetrics.set_breaker_reader: each current tier's breaker state from the breaker
+    store (Redis when configured: what every replica sees), one concurrent read per tier."""
+    rt = holder.current
+    limits = rt.limits
+    if limits is None:
+        return {}
+    names = list(rt.tiers)
+    states = await asyncio.gather(*(limits.breakers.state(name) for name in names))
+    return {name: st.state for name, st in zip(names, states)}

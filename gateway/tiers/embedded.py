@@ -32,6 +32,7 @@ from gateway.openai_format import (
 from gateway.schema import ChatCompletionRequest
 from gateway.tiers.base import Tier, TierAnswer, TierCall, TierFailure, TierUnfit
 from gateway.tiers.embedded_load import build_engine
+from gateway.tiers.engine_events import EngineEvents
 from policies.tier_config import EmbeddedTierConfig
 
 log = logging.getLogger(__name__)
@@ -186,7 +187,9 @@ class EmbeddedTier(Tier):
         async def run(slot: ChoiceResult, ids: list[int], params: SamplingParams) -> None:
             nonlocal waiting_first
             call.span.queued(queue_depth=self.engine.stats.queue_depth)
+            events = EngineEvents(call.span)
             async for out in self.engine.generate(f"{rid}-{slot.index}", ids, params, scope, priority):
+                events.observe(out)
                 if waiting_first:
                     waiting_first = False
                     _first_token(call)
@@ -230,8 +233,10 @@ class EmbeddedTier(Tier):
         results = {i: ChoiceResult(i) for i, _, _ in jobs}
         started = set()
         keep_text = call.span.content_allowed   # texts are kept only for an opted-in span
+        events = {i: EngineEvents(call.span) for i in results}
         try:
             async for index, out in outputs:
+                events[index].observe(out)
                 slot = results[index]
                 slot.prompt_tokens, slot.completion_tokens = out.prompt_tokens, out.completion_tokens
                 slot.cached_tokens = out.cached_tokens

@@ -13,6 +13,7 @@ import time
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.bench.gateway_upstream import ANSWER
 from policies.breakers.redis_store import RedisBreakerStore
@@ -53,6 +54,8 @@ def test_breaker_state_is_shared_by_replicas_and_probes_close_it(request):
         state = _breaker(replicas)
         assert state.state == "open" and state.open_for_s > 0
         failed = replicas.control()["failed"]
+        # Replica B has not called `primary` yet: its /metrics still shows the shared state.
+        assert _scraped_breaker_state(b, "primary") == "open"
 
         resp = _ask(b)                      # replica B's first request skips the open tier
         assert resp.status_code == 200 and resp.headers["x-tiergate-tier"] == "backup"
@@ -164,3 +167,12 @@ def test_retry_budget_and_deadline_stop_retries(tmp_path, flaky):
         _control(flaky, fail_status=None, delay_s=0)
         gw.stop()
         backup.stop()
+
+
+def _scraped_breaker_state(base: str, tier: str) -> str:
+    text = httpx.get(f"{base}/metrics", timeout=10).text
+    states = [sample.labels["state"] for family in text_string_to_metric_families(text)
+              if family.name == "tiergate_breaker_state" for sample in family.samples
+              if sample.labels["tier"] == tier and sample.value == 1]
+    assert len(states) == 1, states
+    return states[0]

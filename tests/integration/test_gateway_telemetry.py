@@ -99,10 +99,11 @@ def test_streamed_embedded_request_span_tree(traced):
     assert ta["gen_ai.usage.cache_read.input_tokens"] == usage.prompt_tokens_details.cached_tokens
     assert tuple(ta["gen_ai.response.finish_reasons"]) in (("stop",), ("length",))
     assert 0 < ta["gen_ai.response.time_to_first_chunk"] < 30
-    # Engine events the gateway sees: submitted (queued), then the first token.
+    # Engine events: submitted (queued), admitted to a batch (the engine's own time), first token.
     names = [e.name for e in tier.events]
-    assert names[:2] == ["tiergate.engine.queued", "tiergate.engine.first_token"], names
-    assert tier.events[0].timestamp <= tier.events[1].timestamp <= tier.end_time
+    assert names == ["tiergate.engine.queued", "tiergate.engine.scheduled", "tiergate.engine.first_token"], names
+    stamps = [e.timestamp for e in tier.events]
+    assert tier.start_time <= stamps[0] <= stamps[1] <= stamps[2] <= tier.end_time, stamps
     assert server.start_time <= tier.start_time and tier.end_time <= server.end_time
     # Nothing of the prompt or the answer is recorded for a tenant that did not opt in.
     dumped = _dump(spans)

@@ -1,0 +1,117 @@
+"""`tiergate bench ...`: one parser and one runner per benchmark; add a new one with both.
+
+Runners import their benchmark lazily so `tiergate serve` never pays for benchmark imports.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from gateway.usage_error import UsageError
+
+
+def add_bench_parsers(bench_sub) -> None:
+    decode = bench_sub.add_parser("decode", help="single-stream decode tokens/s: ours vs transformers")
+    decode.add_argument("--json", required=True, dest="json_out")
+    decode.add_argument("--new-tokens", type=int, default=128)
+    decode.add_argument("--repeats", type=int, default=3)
+    decode.add_argument("--dtypes", default="float32,bfloat16")
+    decode.set_defaults(run=_bench_decode)
+    offline = bench_sub.add_parser("offline", help="engine throughput vs transformers static batching")
+    offline.add_argument("--json", required=True, dest="json_out")
+    offline.add_argument("--num-requests", type=int, default=128)
+    offline.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
+    offline.add_argument("--hf-batch-sizes", default="8,16")
+    offline.add_argument("--max-num-seqs", type=int, default=128)
+    offline.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    offline.add_argument("--kv-cache-mib", type=int, default=2048)
+    offline.set_defaults(run=_bench_offline)
+    prefix = bench_sub.add_parser("prefix", help="time to first token, cold vs warm prefix cache")
+    prefix.add_argument("--json", required=True, dest="json_out")
+    prefix.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
+    prefix.add_argument("--system-tokens", type=int, default=2000)
+    prefix.add_argument("--repeats", type=int, default=8)
+    prefix.set_defaults(run=_bench_prefix)
+    gw = bench_sub.add_parser("gateway", help="latency the gateway adds in front of an instant upstream")
+    gw.add_argument("--json", required=True, dest="json_out")
+    gw.add_argument("--rate", type=float, default=500.0, help="requests per second (open loop)")
+    gw.add_argument("--seconds", type=float, default=10.0, help="length of each measured phase")
+    gw.add_argument("--rounds", type=int, default=3, help="direct/gateway phase pairs, interleaved")
+    gw.add_argument("--stream-share", type=float, default=0.0, help="fraction of requests that stream")
+    gw.set_defaults(run=_bench_gateway)
+    spec = bench_sub.add_parser("spec", help="speculative decoding vs plain decoding, batch 1 and batched")
+    spec.add_argument("--json", required=True, dest="json_out")
+    spec.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
+    spec.add_argument("--per-task", type=int, default=4, help="input-grounded prompts per task")
+    spec.add_argument("--chat-requests", type=int, default=8)
+    spec.add_argument("--max-tokens", type=int, default=128)
+    spec.add_argument("--batch-sizes", default="16,32")
+    spec.add_argument("--draft-model", help="separate draft model (default: the model's int8 copy)")
+    spec.add_argument("--self-group-size", type=int, default=32, choices=[32, 64, 128])
+    spec.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
+    spec.set_defaults(run=_bench_spec)
+    serve = bench_sub.add_parser("serve", help="load generator for any OpenAI-compatible URL (ShareGPT prompts)")
+    serve.add_argument("--json", required=True, dest="json_out")
+    serve.add_argument("--base-url", default="http://127.0.0.1:8000/v1", help="OpenAI base URL, ending in /v1")
+    serve.add_argument("--model", help="model name (default: the first one /v1/models lists)")
+    serve.add_argument("--num-requests", type=int, default=64)
+    arrivals = serve.add_mutually_exclusive_group()
+    arrivals.add_argument("--request-rate", type=float, default=float("inf"),
+                          help="Poisson arrivals at this many requests/s (default inf: all at once)")
+    arrivals.add_argument("--concurrency", type=int, help="fixed number of requests in flight instead")
+    serve.add_argument("--max-prompt-tokens", type=int, default=512)
+    serve.add_argument("--max-tokens", type=int, default=128, help="cap on each request's output tokens")
+    serve.add_argument("--api-key", help="bearer key (default: $TIERGATE_API_KEY, else none)")
+    serve.add_argument("--seed", type=int, default=0)
+    serve.add_argument("--ignore-eos", action="store_true", help="ask the server to always emit --max-tokens")
+    serve.set_defaults(run=_bench_serve)
+
+
+def _bench_decode(args: argparse.Namespace) -> int:
+    from gateway.bench.decode import run_decode_bench
+    return run_decode_bench(args.json_out, args.new_tokens, args.repeats, args.dtypes.split(","))
+
+
+def _bench_offline(args: argparse.Namespace) -> int:
+    from gateway.bench.offline import run_offline_bench
+    sizes = [int(x) for x in args.hf_batch_sizes.split(",") if x]
+    return run_offline_bench(args.json_out, args.num_requests, args.dtype, sizes, args.max_num_seqs,
+                             args.max_num_batched_tokens, args.kv_cache_mib)
+
+
+def _bench_prefix(args: argparse.Namespace) -> int:
+    from gateway.bench.prefix import run_prefix_bench
+    return run_prefix_bench(args.json_out, args.dtype, args.system_tokens, args.repeats)
+
+
+def _bench_spec(args: argparse.Namespace) -> int:
+    from gateway.bench.spec import run_spec_bench
+    if args.per_task < 1 or args.chat_requests < 1 or args.max_tokens < 2:
+        raise UsageError("--per-task and --chat-requests must be >= 1, --max-tokens >= 2")
+    try:
+        sizes = [int(x) for x in args.batch_sizes.split(",") if x]
+    except ValueError:
+        raise UsageError(f"--batch-sizes must be integers separated by commas, got {args.batch_sizes!r}") from None
+    return run_spec_bench(args.json_out, args.dtype, args.per_task, args.chat_requests, args.max_tokens, sizes,
+                          args.draft_model, args.self_group_size, args.threads)
+
+
+def _bench_gateway(args: argparse.Namespace) -> int:
+    from gateway.bench.gateway import run_gateway_bench
+    if args.rate <= 0 or args.seconds <= 0 or args.rounds < 1 or not 0 <= args.stream_share <= 1:
+        raise UsageError("--rate and --seconds must be positive, --rounds >= 1, --stream-share in [0, 1]")
+    return run_gateway_bench(args.json_out, args.rate, args.seconds, args.rounds, args.stream_share)
+
+
+def _bench_serve(args: argparse.Namespace) -> int:
+    import os
+
+    from gateway.bench.serve import run_serve_bench
+    if args.num_requests < 1 or args.request_rate <= 0 or args.max_tokens < 1 or args.max_prompt_tokens < 1:
+        raise UsageError("--num-requests, --request-rate, --max-tokens and --max-prompt-tokens must be positive")
+    if args.concurrency is not None and args.concurrency < 1:
+        raise UsageError("--concurrency must be >= 1")
+    api_key = args.api_key or os.environ.get("TIERGATE_API_KEY")
+    return run_serve_bench(args.json_out, args.base_url, args.model, args.num_requests, args.request_rate,
+                           args.concurrency, args.max_prompt_tokens, args.max_tokens, api_key, args.seed,
+                           args.ignore_eos)
