@@ -14,6 +14,7 @@ import logging
 import time
 import uuid
 
+from gateway.chain_walk import ChainWalk
 from gateway.context import RequestContext
 from gateway.errors import GatewayError
 from gateway.request_limits import RequestLimits, api_key_label
@@ -25,7 +26,7 @@ from gateway.telemetry.setup import Telemetry, build_telemetry
 from gateway.tiers.base import Tier, TierAnswer, TierCall, TierFailure, TierUnfit
 from policies.classify import RequestFeatures
 from policies.policy_config import PROFILES
-from policies.route import RouteDecision, next_candidate, should_escalate
+from policies.route import RouteDecision, should_escalate
 
 log = logging.getLogger("tiergate.requests")    # one JSON line per request
 events = logging.getLogger(__name__)            # tier failures and other happenings
@@ -177,38 +178,17 @@ class Pipeline:
 
     async def _first_answer(self, rt: Runtime, ctx: RequestContext, call: TierCall,
                             chain: tuple[str, ...]) -> tuple[Tier, TierAnswer]:
-        index, unfit = 0, None
+        walk = ChainWalk(rt, ctx, chain)
         while True:
-            index, skipped = next_candidate(chain, index, rt.usable)
-            ctx.fallbacks.extend(skipped)
-            guard = ctx.limits_guard
-            if index == len(chain):
-                raise guard.nothing_left(chain, unfit)
-            tier = rt.tiers[chain[index]]
-            skip = await guard.admit(tier)     # breaker permit + budget reservation, or why not
-            if skip is not None:
-                ctx.fallbacks.append(skip)
-                index += 1
-                continue
-            ctx.tier = tier.name
+            tier = await walk.next_tier()
             try:
                 with ctx.trace.attempt(ctx, call, tier):
-                    answer = await self._timed(ctx, guard.bounded(tier.complete(call)))
-            except TierUnfit as exc:
-                await guard.attempt_failed(exc)
-                unfit = exc
-                ctx.fallbacks.append(f"{tier.name}: {exc}")
-            except TierFailure as exc:
-                await guard.attempt_failed(exc)
-                ctx.fallbacks.append(f"{tier.name}: failed: {exc}")
-                events.warning("tier %s failed for %s: %s", tier.name, ctx.request_id, exc)
-            except GatewayError as exc:
-                await guard.attempt_failed(exc)
-                raise
+                    answer = await self._timed(ctx, ctx.limits_guard.bounded(tier.complete(call)))
+            except (TierUnfit, TierFailure, GatewayError) as exc:
+                await walk.failed(tier, exc)
             else:
-                await guard.answered(answer.usage)
+                await ctx.limits_guard.answered(answer.usage)
                 return tier, answer
-            index += 1
 
     @staticmethod
     async def _timed(ctx: RequestContext, awaitable):
@@ -220,40 +200,22 @@ class Pipeline:
 
     async def _stream(self, rt: Runtime, ctx: RequestContext, call: TierCall,
                       decision: RouteDecision) -> SSEResponse:
-        chain, index, unfit = decision.chain, 0, None
+        walk = ChainWalk(rt, ctx, decision.chain)
         while True:
-            index, skipped = next_candidate(chain, index, rt.usable)
-            ctx.fallbacks.extend(skipped)
-            guard = ctx.limits_guard
-            if index == len(chain):
-                raise guard.nothing_left(chain, unfit)
-            tier = rt.tiers[chain[index]]
-            skip = await guard.admit(tier)     # breaker permit + budget reservation, or why not
-            if skip is not None:
-                ctx.fallbacks.append(skip)
-                index += 1
-                continue
-            ctx.tier = tier.name
+            tier = await walk.next_tier()
             attempt = ctx.trace.attempt(ctx, call, tier)
             chunks = tier.stream(call)
             try:
                 with attempt.streaming():   # a failure ends the attempt; else the relay ends it
                     # nothing sent yet: may fall back
-                    first = await self._timed(ctx, guard.bounded(chunks.__anext__()))
+                    first = await self._timed(ctx, ctx.limits_guard.bounded(chunks.__anext__()))
                 break
-            except TierUnfit as exc:
-                await guard.attempt_failed(exc)
-                unfit = exc
-                ctx.fallbacks.append(f"{tier.name}: {exc}")
-            except (TierFailure, StopAsyncIteration) as exc:
-                await guard.attempt_failed(exc if isinstance(exc, TierFailure) else TierFailure("empty stream"))
-                ctx.fallbacks.append(f"{tier.name}: failed: {exc or 'empty stream'}")
-                events.warning("tier %s failed for %s: %s", tier.name, ctx.request_id, exc)
-            except GatewayError as exc:
-                await guard.attempt_failed(exc)
-                raise
+            except StopAsyncIteration:
+                await walk.failed(tier, TierFailure("empty stream"))
+            except (TierUnfit, TierFailure, GatewayError) as exc:
+                await walk.failed(tier, exc)
             await chunks.aclose()
-            index += 1
+        guard = ctx.limits_guard
         guard.handed_off = True           # the relay reconciles and records when the stream ends
         return SSEResponse(self._relay(ctx, first, chunks, attempt), _headers(ctx),
                            on_close=lambda disconnected: self._stream_closed(rt, ctx, disconnected))
@@ -366,3 +328,4 @@ class BytesResponse:
     async def __call__(self, scope, receive, send) -> None:
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.headers})
         await send({"type": "http.response.body", "body": self.body})
+

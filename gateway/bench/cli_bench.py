@@ -64,6 +64,8 @@ def add_bench_parsers(bench_sub) -> None:
     serve.add_argument("--api-key", help="bearer key (default: $TIERGATE_API_KEY, else none)")
     serve.add_argument("--seed", type=int, default=0)
     serve.add_argument("--ignore-eos", action="store_true", help="ask the server to always emit --max-tokens")
+    serve.add_argument("--header", action="append", default=[], metavar="NAME:VALUE",
+                       help="extra request header (repeatable), e.g. 'x-tiergate-profile: latency'")
     serve.set_defaults(run=_bench_serve)
 
 
@@ -112,6 +114,12 @@ def _bench_serve(args: argparse.Namespace) -> int:
     if args.concurrency is not None and args.concurrency < 1:
         raise UsageError("--concurrency must be >= 1")
     api_key = args.api_key or os.environ.get("TIERGATE_API_KEY")
+    headers = {}
+    for item in args.header:
+        name, sep, value = item.partition(":")
+        if not sep or not name.strip():
+            raise UsageError(f"--header must look like 'name: value', got {item!r}")
+        headers[name.strip()] = value.strip()
     return run_serve_bench(args.json_out, args.base_url, args.model, args.num_requests, args.request_rate,
                            args.concurrency, args.max_prompt_tokens, args.max_tokens, api_key, args.seed,
-                           args.ignore_eos)
+                           args.ignore_eos, headers)

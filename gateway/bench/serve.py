@@ -13,6 +13,7 @@ import asyncio
 import json
 import random
 import time
+from collections import Counter
 from dataclasses import dataclass
 
 import httpx
@@ -38,6 +39,7 @@ class ServeResult:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     error: str = ""
+    served_by: str | None = None        # the gateway's x-tiergate-tier header, when the server sends it
 
 
 def load_serve_requests(n: int, max_prompt_tokens: int, max_tokens: int, seed: int) -> list[ServeRequest]:
@@ -67,6 +69,7 @@ async def _one(client: httpx.AsyncClient, url: str, model: str, req: ServeReques
     usage = None
     try:
         async with client.stream("POST", url, json=body) as resp:
+            served_by = resp.headers.get("x-tiergate-tier")
             if resp.status_code != 200:
                 text = (await resp.aread()).decode(errors="replace")
                 return ServeResult(False, error=f"HTTP {resp.status_code}: {text[:200]}")
@@ -91,14 +94,15 @@ async def _one(client: httpx.AsyncClient, url: str, model: str, req: ServeReques
         return ServeResult(False, error="no content chunk in the stream")
     usage = usage or {}
     return ServeResult(True, first - started, end - started, tuple(gaps),
-                       usage.get("prompt_tokens", 0), usage.get("completion_tokens", len(gaps) + 1))
+                       usage.get("prompt_tokens", 0), usage.get("completion_tokens", len(gaps) + 1),
+                       served_by=served_by)
 
 
 async def run_load(base_url: str, model: str | None, requests: list[ServeRequest], *, request_rate: float,
                    concurrency: int | None, api_key: str | None, seed: int, ignore_eos: bool,
-                   progress: bool = True) -> dict:
+                   progress: bool = True, extra_headers: dict[str, str] | None = None) -> dict:
     """Send every request; arrivals are Poisson at request_rate (inf: all at once), in-flight capped by concurrency."""
-    headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
+    headers = {**(extra_headers or {}), **({"authorization": f"Bearer {api_key}"} if api_key else {})}
     limits = httpx.Limits(max_connections=concurrency or 1000, max_keepalive_connections=concurrency or 1000)
     async with httpx.AsyncClient(base_url=base_url.rstrip("/"), headers=headers, limits=limits,
                                  timeout=httpx.Timeout(600.0)) as client:
@@ -150,21 +154,23 @@ def summarize(model: str, results: list[ServeResult], elapsed: float) -> dict:
         "tpot_ms": percentiles([sum(r.chunk_gaps_s) / len(r.chunk_gaps_s) * 1e3 for r in done if r.chunk_gaps_s]),
         "itl_ms": percentiles([g * 1e3 for r in done for g in r.chunk_gaps_s]),
         "e2e_ms": percentiles([r.e2e_s * 1e3 for r in done]),
+        "served_by": dict(Counter(r.served_by for r in done if r.served_by)),
     }
 
 
 def run_serve_bench(json_out: str, base_url: str, model: str | None, num_requests: int, request_rate: float,
                     concurrency: int | None, max_prompt_tokens: int, max_tokens: int, api_key: str | None,
-                    seed: int, ignore_eos: bool) -> int:
+                    seed: int, ignore_eos: bool, extra_headers: dict[str, str] | None = None) -> int:
     requests = load_serve_requests(num_requests, max_prompt_tokens, max_tokens, seed)
     report = asyncio.run(run_load(base_url, model, requests, request_rate=request_rate, concurrency=concurrency,
-                                  api_key=api_key, seed=seed, ignore_eos=ignore_eos))
+                                  api_key=api_key, seed=seed, ignore_eos=ignore_eos, extra_headers=extra_headers))
     full = {
         "machine": machine_info(),
         "workload": {"source": "ShareGPT V3 first human turns", "num_requests": num_requests,
                      "request_rate": "inf" if request_rate == float("inf") else request_rate,
                      "concurrency": concurrency, "max_prompt_tokens": max_prompt_tokens,
-                     "max_tokens": max_tokens, "temperature": 0, "seed": seed, "base_url": base_url},
+                     "max_tokens": max_tokens, "temperature": 0, "seed": seed, "base_url": base_url,
+                     "headers": sorted(extra_headers or ())},
         "server": report,
     }
     write_json(json_out, full)

@@ -53,7 +53,9 @@ class _Scripted:
             finally:
                 self.in_flight -= 1
 
-        return StreamingResponse(stream(), media_type="text/event-stream")
+        # Like the gateway: which tier answered, here chosen by the client's profile hint.
+        tier = {"latency": "spec-fp8"}.get(request.headers.get("x-tiergate-profile"), "small")
+        return StreamingResponse(stream(), media_type="text/event-stream", headers={"x-tiergate-tier": tier})
 
     async def models(self, _):
         return JSONResponse({"object": "list", "data": [{"id": "scripted", "object": "model"}]})
@@ -102,3 +104,14 @@ def test_poisson_arrivals_and_failures(scripted_server):
     assert report["errors"] and report["errors"][0].startswith("HTTP 500")
     # 20 arrivals at 50/s take about 0.4 s (the exponential gaps of seed 1 sum to more than 0.15 s)
     assert report["elapsed_s"] > 0.15
+
+
+def test_extra_headers_reach_the_server_and_tiers_are_counted(scripted_server):
+    url, _ = scripted_server
+    requests = [ServeRequest(f"r{i}", f"q{i}", 2) for i in range(5)]
+    hinted = asyncio.run(run_load(url, "scripted", requests, request_rate=float("inf"), concurrency=None,
+                                  api_key=None, seed=0, ignore_eos=False, progress=False,
+                                  extra_headers={"x-tiergate-profile": "latency"}))
+    plain = asyncio.run(run_load(url, "scripted", requests, request_rate=float("inf"), concurrency=None,
+                                 api_key=None, seed=0, ignore_eos=False, progress=False))
+    assert hinted["served_by"] == {"spec-fp8": 5} and plain["served_by"] == {"small": 5}
