@@ -67,6 +67,16 @@ def add_bench_parsers(bench_sub) -> None:
     serve.add_argument("--header", action="append", default=[], metavar="NAME:VALUE",
                        help="extra request header (repeatable), e.g. 'x-tiergate-profile: latency'")
     serve.set_defaults(run=_bench_serve)
+    ladder = bench_sub.add_parser("ladder", help="the optimisation stack one rung at a time: batching, INT4 AWQ, "
+                                                 "prefix cache, INT8 KV, speculative decoding")
+    ladder.add_argument("--json", required=True, dest="json_out")
+    ladder.add_argument("--num-requests", type=int, default=32)
+    ladder.add_argument("--latency-requests", type=int, default=4, help="requests of the one-at-a-time view")
+    ladder.add_argument("--max-tokens", type=int, default=64, help="cap on each request's output tokens")
+    ladder.add_argument("--kv-cache-mib", type=int, default=96, help="KV budget of every rung")
+    ladder.add_argument("--group-size", type=int, default=64, choices=[64, 128])
+    ladder.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
+    ladder.set_defaults(run=_bench_ladder)
 
 
 def _bench_decode(args: argparse.Namespace) -> int:
@@ -123,3 +133,13 @@ def _bench_serve(args: argparse.Namespace) -> int:
     return run_serve_bench(args.json_out, args.base_url, args.model, args.num_requests, args.request_rate,
                            args.concurrency, args.max_prompt_tokens, args.max_tokens, api_key, args.seed,
                            args.ignore_eos, headers)
+
+
+def _bench_ladder(args: argparse.Namespace) -> int:
+    from gateway.bench.ladder import run_ladder_bench
+    if args.num_requests < 1 or args.max_tokens < 2 or args.kv_cache_mib < 1:
+        raise UsageError("--num-requests and --kv-cache-mib must be >= 1, --max-tokens >= 2")
+    if not 1 <= args.latency_requests <= args.num_requests:
+        raise UsageError("--latency-requests must lie in [1, --num-requests]")
+    return run_ladder_bench(args.json_out, args.num_requests, args.latency_requests, args.max_tokens,
+                            args.kv_cache_mib, args.group_size, args.threads)
