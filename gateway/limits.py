@@ -75,7 +75,9 @@ class GatewayLimits:
         stores.users += 1
         self.budgets = Budgets(config, stores.budgets, shared=stores.redis is not None)
         self.breakers = Breakers(config.breakers, stores.breakers,
-                                 reconnect_interval_s=config.store.reconnect_interval_s)
+                                 reconnect_interval_s=config.store.reconnect_interval_s,
+                                 # only a shared store is worth a cache (a memory store answers at once)
+                                 closed_cache_s=config.store.breaker_closed_cache_s if stores.redis else 0.0)
         self.retry = retry or RetryBudget(retry_config(config.retry))
         self.active = has_budget_rules(config)
         self.keys_limited = has_rules(config.api_keys)   # only then is a key's label needed

@@ -60,6 +60,9 @@ class StoreConfig(_Strict):
     tombstone_ttl_s: float = Field(
         3600.0, gt=0, description="how long a finished reservation id is remembered: duplicate finishes and "
                                   "replays within it are no-ops")
+    breaker_closed_cache_s: float = Field(
+        0.05, ge=0, description="a replica reuses a shared breaker's 'closed' answer this long before asking "
+                                "Redis again (0: ask on every call): another replica's trip is seen that much later")
     max_connections: int = Field(64, gt=0)
     replay_queue_max: int = Field(100_000, gt=0, description="reconciliations kept while Redis is down")
 

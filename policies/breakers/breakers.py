@@ -28,9 +28,15 @@ log = logging.getLogger("tiergate.breakers")
 
 
 class Breakers:
-    def __init__(self, table: BreakerTable, store=None, *, reconnect_interval_s: float = 0.5):
-        """`store`: a RedisBreakerStore to share state across replicas; None: this process only."""
+    def __init__(self, table: BreakerTable, store=None, *, reconnect_interval_s: float = 0.5,
+                 closed_cache_s: float = 0.0):
+        """`store`: a RedisBreakerStore to share state across replicas; None: this process only.
+        `closed_cache_s`: reuse a shared breaker's "closed" answer (a read-only one in the store)
+        this long, so most calls skip a Redis round trip; its generation rides along, so a record
+        made after another replica tripped the breaker is recognised as stale there."""
         self._table = table
+        self._closed_cache_s = closed_cache_s
+        self._closed_until: dict[str, tuple[float, int]] = {}   # name -> (monotonic deadline, generation)
         self._local = MemoryBreakerStore()
         self._store = store or self._local
         self._shared = store is not None
@@ -45,7 +51,8 @@ class Breakers:
             return cls(config.breakers)
         from policies.breakers.redis_store import RedisBreakerStore
         return cls(config.breakers, RedisBreakerStore(redis, config.store.key_prefix),
-                   reconnect_interval_s=config.store.reconnect_interval_s)
+                   reconnect_interval_s=config.store.reconnect_interval_s,
+                   closed_cache_s=config.store.breaker_closed_cache_s)
 
     def settings(self, name: str):
         return self._table.for_name(name)
@@ -65,9 +72,13 @@ class Breakers:
             log.warning("breaker store reachable again: shared breaker state in use")
 
     async def allow(self, name: str) -> Permit | Rejection:
+        local = not self._use_shared()
+        if not local and self._closed_cache_s:
+            cached = self._closed_until.get(name)
+            if cached is not None and time.monotonic() < cached[0]:
+                return Permit(name, cached[1])
         settings = self.settings(name)
         probe_id = uuid.uuid4().hex
-        local = not self._use_shared()
         if not local:
             try:
                 answer = await self._store.allow(name, settings, probe_id)
@@ -77,6 +88,11 @@ class Breakers:
                 local = True
         if local:
             answer = await self._local.allow(name, settings, probe_id)
+        elif self._closed_cache_s:
+            if answer.code == "ok":
+                self._closed_until[name] = (time.monotonic() + self._closed_cache_s, answer.generation)
+            else:
+                self._closed_until.pop(name, None)
         if answer.code == "ok":
             return Permit(name, answer.generation, local=local and self._shared)
         if answer.code == "probe":
@@ -92,8 +108,11 @@ class Breakers:
         code = outcome.value if outcome.counted else "n"
         if not permit.local and self._shared:
             try:
-                return await self._store.record(permit.name, settings, permit.generation, permit.probe_id,
-                                                code, slow)
+                result = await self._store.record(permit.name, settings, permit.generation, permit.probe_id,
+                                                  code, slow)
+                if result in ("opened", "stale"):      # the cached "closed" is out of date
+                    self._closed_until.pop(permit.name, None)
+                return result
             except StoreError as exc:
                 self._mark_down(exc)  # this call's outcome is lost to the shared window: one sample
                 return "lost"

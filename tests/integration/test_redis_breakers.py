@@ -49,11 +49,46 @@ async def serve(breakers: Breakers, upstreams: Upstreams) -> str | None:
     return permit.name
 
 
-def replica(url: str, prefix: str, reconnect_s: float = 0.5):
+def replica(url: str, prefix: str, reconnect_s: float = 0.5, closed_cache_s: float = 0.0, store_cls=RedisBreakerStore):
     client = make_redis_client(StoreConfig(backend="redis", url=url, timeout_s=0.5))
-    breakers = Breakers(BreakerTable(default=SETTINGS), RedisBreakerStore(client, prefix),
-                        reconnect_interval_s=reconnect_s)
+    breakers = Breakers(BreakerTable(default=SETTINGS), store_cls(client, prefix),
+                        reconnect_interval_s=reconnect_s, closed_cache_s=closed_cache_s)
     return breakers, client
+
+
+class CountingStore(RedisBreakerStore):
+    """The real Redis store, counting its ALLOW calls."""
+
+    allows = 0
+
+    async def allow(self, *args):
+        CountingStore.allows += 1
+        return await super().allow(*args)
+
+
+async def test_cached_closed_answer_skips_redis_and_a_trip_elsewhere_shows_up(server):
+    prefix = "c" + uuid.uuid4().hex[:8]
+    (one, c1) = replica(server.url, prefix)
+    (two, c2) = replica(server.url, prefix, closed_cache_s=0.3, store_cls=CountingStore)
+    CountingStore.allows = 0
+    try:
+        permits = [await two.allow("primary") for _ in range(50)]
+        assert all(p.allowed and not p.is_probe for p in permits) and CountingStore.allows == 1
+        for p in permits[:5]:
+            assert await two.record(p, Outcome.SUCCESS, 0.01) == "counted"
+        for _ in range(5):                      # replica one trips the shared breaker: 5 of 10 failed
+            await one.record(await one.allow("primary"), Outcome.FAILURE)
+        assert (await one.state("primary")).state == "open"
+        # Replica two still holds a cached "closed" (at most closed_cache_s old) ...
+        stale = await two.allow("primary")
+        assert stale.allowed and CountingStore.allows == 1
+        # ... its outcome is recognised as from before the trip and drops the cache at once.
+        assert await two.record(stale, Outcome.SUCCESS, 0.01) == "stale"
+        refused = await two.allow("primary")
+        assert not refused.allowed and refused.state == "open" and CountingStore.allows == 2
+    finally:
+        await c1.aclose()
+        await c2.aclose()
 
 
 async def test_failover_and_recovery_across_two_replicas(server):
