@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# The kernels' GPU check (issue #6): correctness at real sizes, do_bench timings, GB/s and
-# TFLOP/s next to the chip's measured copy bandwidth and bf16 matmul rate. CUDA machine only;
+# The GPU check (issue #6): first the whole engine on CUDA (SmolLM2 fp32 greedy tokens equal to
+# the CPU path's, bf16 agreement, decode tokens/s at batch 1 and 32), then every kernel's
+# correctness at real sizes, do_bench timings, GB/s and TFLOP/s next to the chip's measured copy
+# bandwidth and bf16 matmul rate. PASS/FAIL lines on stdout, figures in the JSON. CUDA machine only;
 # under 5 minutes (the timeout is the budget). Usage: bench/gpu_check.sh [OUT.json]
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -79,7 +79,7 @@ class LLMEngine:
         num_blocks = config.kv_cache_memory_bytes // bytes_per_block
         if num_blocks < 2:
             raise ValueError(f"kv_cache_memory_bytes={config.kv_cache_memory_bytes} holds fewer than 2 blocks")
-        self.pool = KVPool(cfg, num_blocks, config.block_size, kv_dtype)
+        self.pool = KVPool(cfg, num_blocks, config.block_size, kv_dtype, device=loaded.device)
         self.identity = identity or f"{loaded.path.name}|w={loaded.dtype}|q={loaded.quantization}|kv={kv_dtype}"
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching, self.identity)
         self.headroom_blocks = max(1, int(num_blocks * config.headroom_fraction))

@@ -20,7 +20,9 @@ from engines.model import LlamaForCausalLM
 from engines.model.weights import load_hf_state_dict
 from engines.model_config import ModelConfig
 from engines.quantization.artifact import is_quantized_dir, load_artifact_into
+from engines.quantization.int4 import Int4Linear
 from engines.tokenizer import TextTokenizer
+from kernels.triton.select import kernel_choice
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +47,11 @@ class LoadedModel:
     def dtype(self) -> torch.dtype:
         return self.model.dtype
 
+    @property
+    def device(self) -> torch.device:
+        """Where the weights live; the engine puts its KV pool and step tensors there too."""
+        return self.model.embed_tokens.weight.device
+
 
 def parse_dtype(name: str | torch.dtype) -> torch.dtype:
     if isinstance(name, torch.dtype):
@@ -53,6 +60,35 @@ def parse_dtype(name: str | torch.dtype) -> torch.dtype:
         return DTYPES[name.lower()]
     except KeyError:
         raise ModelLoadError(f"unknown dtype {name!r}; choose one of {sorted(DTYPES)}") from None
+
+
+def resolve_device(name: str | torch.device | None) -> torch.device:
+    """`device` of a config: "cpu" (default), "cuda", "cuda:N", "auto" (CUDA when present)."""
+    if isinstance(name, torch.device):
+        return name
+    name = (name or "cpu").strip().lower()
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ModelLoadError(f"unknown device {name!r}; choose cpu, cuda, cuda:N or auto") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ModelLoadError(f"device {name!r} asked for, but this torch sees no CUDA device")
+    return device
+
+
+def move_model(model: LlamaForCausalLM, device: torch.device) -> None:
+    """Move loaded (maybe quantized) weights to `device` and repack them for it. Models are
+    built and quantized on the CPU (the INT4 CPU pack and AWQ search are CPU ops), then moved."""
+    if model.embed_tokens.weight.device == device:
+        return
+    if device.type != "cpu":
+        for module in model.modules():
+            if isinstance(module, Int4Linear):
+                module.drop_cpu_pack()        # CPU-only layout; the nibble form serves elsewhere
+    model.to(device)
+    model.pack_weights()                      # oneDNN packs on CPU, the plain weight elsewhere
 
 
 def resolve_checkpoint_dir(source: str | Path | None, cache_root: Path | None = None) -> Path:
@@ -71,16 +107,20 @@ def load_model(
     source: str | Path | None = None,
     dtype: str | torch.dtype = "float32",
     cache_root: Path | None = None,
+    device: str | torch.device | None = "cpu",
 ) -> LoadedModel:
     started = time.perf_counter()
     torch_dtype = parse_dtype(dtype)
+    target = resolve_device(device)
     ckpt = open_hf_checkpoint(resolve_checkpoint_dir(source, cache_root))
     tokenizer = TextTokenizer.from_file(ckpt.tokenizer_json, ckpt.tokenizer_config, ckpt.config.eos_token_id)
     template = ChatTemplate(ckpt.tokenizer_config.get("chat_template"), tokenizer.bos_token, tokenizer.eos_token)
     model = LlamaForCausalLM(ckpt.config, torch_dtype)
     quantization = None
     if is_quantized_dir(ckpt.path):
-        qconfig = load_artifact_into(model, ckpt.path)
+        # INT4 layers keep their nibble form where the CPU op will not serve them (Triton, CUDA).
+        keep_nibbles = target.type != "cpu" or kernel_choice() == "triton"
+        qconfig = load_artifact_into(model, ckpt.path, keep_portable=keep_nibbles)
         quantization = f"{qconfig['method']}-g{qconfig['group_size']}"
     else:
         tensors = ckpt.load_tensors()
@@ -94,7 +134,10 @@ def load_model(
             quantization = f"fp8-checkpoint-{fp8_method}"
         load_hf_state_dict(model, tensors)
     model.eval()
-    model.pack_weights()
-    log.info("loaded %s (%s%s) in %.1fs", ckpt.path.name, torch_dtype,
-             f", {quantization}" if quantization else "", time.perf_counter() - started)
+    if target.type == "cpu":
+        model.pack_weights()
+    else:
+        move_model(model, target)
+    log.info("loaded %s (%s%s) on %s in %.1fs", ckpt.path.name, torch_dtype,
+             f", {quantization}" if quantization else "", target, time.perf_counter() - started)
     return LoadedModel(str(source or "default"), ckpt.path, ckpt.config, model, tokenizer, template, quantization)

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engines.attention.paged import PagedAttention, build_step_metadata
+from engines.attention.paged import PagedAttention, build_step
 from engines.kv_cache import KVPool
 from engines.model import LlamaForCausalLM
 from engines.scheduler import ScheduledSeq
@@ -25,6 +25,9 @@ class ModelRunner:
     def __init__(self, model: LlamaForCausalLM, pool: KVPool):
         self.model = model
         self.pool = pool
+        self.device = model.embed_tokens.weight.device
+        if pool.k.device != self.device:
+            raise ValueError(f"KV pool on {pool.k.device} but the model on {self.device}")
         self.block_size = pool.block_size
         self.attn = PagedAttention(pool)
 
@@ -56,9 +59,12 @@ class ModelRunner:
             ids.extend(c.token_ids)
             positions.extend(range(c.start, c.start + len(c.token_ids)))
             rows.extend(range(len(ids) - c.logit_rows, len(ids)))
-        self.attn.prepare(build_step_metadata(
-            self.block_size, [(c.block_table, c.start, len(c.token_ids)) for c in chunks]))
-        hidden = self.model(torch.tensor(ids, dtype=torch.long), torch.tensor(positions, dtype=torch.long), self.attn)
+        # Every step tensor is built on the host and reaches the model's device in one copy.
+        meta, (ids_t, positions_t, rows_t) = build_step(
+            self.block_size, [(c.block_table, c.start, len(c.token_ids)) for c in chunks], self.device,
+            [ids, positions, rows])
+        self.attn.prepare(meta)
+        hidden = self.model(ids_t, positions_t, self.attn)
         if not rows:
-            return torch.empty(0)
-        return self.model.compute_logits(hidden[torch.tensor(rows)])
+            return torch.empty(0, device=self.device)
+        return self.model.compute_logits(hidden[rows_t])

@@ -29,20 +29,36 @@ class SampleResult:
 
 
 class Sampler:
+    """Works on logits of any device: the tensors it builds follow them, and the sampled ids
+    come back to the host once per call (one .tolist())."""
+
     def __init__(self, seed: int | None = None):
         self.generator = torch.Generator()
         if seed is not None:
             self.generator.manual_seed(seed)
+        self._device_generators: dict[torch.device, torch.Generator] = {}
+
+    def generator_for(self, device: torch.device) -> torch.Generator:
+        """The sampler's generator on `device` (CUDA draws need a CUDA generator), seeded like the CPU one."""
+        if device.type == "cpu":
+            return self.generator
+        gen = self._device_generators.get(device)
+        if gen is None:
+            gen = self._device_generators[device] = torch.Generator(device)
+            gen.manual_seed(self.generator.initial_seed())
+        return gen
 
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> SampleResult:
         params = [s.params for s in seqs]
         raw = logits
         logits = self.penalize(logits, params, [s.output_ids for s in seqs])
-        greedy = torch.tensor([p.greedy for p in params])
-        tokens = logits.argmax(dim=-1)
-        if not bool(greedy.all()):
-            rows = (~greedy).nonzero().squeeze(1)
-            picked = rows.tolist()
+        picked = [i for i, p in enumerate(params) if not p.greedy]
+        if len(picked) == len(params):      # every row samples: no row index to build (or copy)
+            tokens = self.draw(self.probs(logits, params), [s.generator for s in seqs])
+        else:
+            tokens = logits.argmax(dim=-1)
+        if picked and len(picked) < len(params):
+            rows = torch.tensor(picked, device=logits.device)
             probs = self.probs(logits[rows], [params[i] for i in picked])
             tokens[rows] = self.draw(probs, [seqs[i].generator for i in picked])
         token_list = tokens.tolist()
@@ -55,34 +71,40 @@ class Sampler:
         if not any(p.uses_penalties for p in params):
             return logits
         logits = logits.clone()
+        device = logits.device
         for i, (p, history) in enumerate(zip(params, histories)):
             if not p.uses_penalties or not history:
                 continue
-            ids = torch.tensor(history)
-            counts = torch.zeros(logits.shape[1], dtype=logits.dtype).index_add_(0, ids, torch.ones(len(ids)))
+            ids = torch.tensor(history, device=device)
+            counts = torch.zeros(logits.shape[1], dtype=logits.dtype, device=device).index_add_(
+                0, ids, torch.ones(len(ids), device=device))
             logits[i] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(logits.dtype)
         return logits
 
     @staticmethod
     def probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
         """The distribution each (non-greedy) row samples from: temperature, top-k, top-p, min-p."""
-        temps = torch.tensor([p.temperature for p in params], dtype=logits.dtype).unsqueeze(1)
+        # The settings as one host table: which filters apply is decided on the host (no device
+        # sync) and the table reaches the logits' device in one copy.
+        host = torch.tensor([[p.temperature, p.top_p, p.min_p] for p in params], dtype=logits.dtype)
+        use_top_p, use_min_p = bool((host[:, 1] < 1).any()), bool((host[:, 2] > 0).any())
+        table = host.to(logits.device)
+        temps, top_p, min_p = table[:, 0:1], table[:, 1], table[:, 2]
         logits = logits / temps
         top_k = [p.top_k for p in params]
         if any(top_k):
-            k = torch.tensor([k if k else logits.shape[1] for k in top_k]).clamp(max=logits.shape[1])
+            k = torch.tensor([k if k else logits.shape[1] for k in top_k], device=logits.device)
+            k = k.clamp(max=logits.shape[1])
             kth = logits.sort(dim=-1, descending=True).values.gather(1, (k - 1).unsqueeze(1))
             logits = logits.masked_fill(logits < kth, float("-inf"))
         probs = torch.softmax(logits, dim=-1)
-        top_p = torch.tensor([p.top_p for p in params], dtype=probs.dtype)
-        if bool((top_p < 1).any()):
+        if use_top_p:
             sorted_probs, order = probs.sort(dim=-1, descending=True)
             # Keep the smallest prefix whose mass reaches top_p (the top token always stays).
             drop_sorted = (sorted_probs.cumsum(-1) - sorted_probs) >= top_p.unsqueeze(1)
             drop = torch.zeros_like(drop_sorted).scatter_(1, order, drop_sorted)
             probs = probs.masked_fill(drop, 0.0)
-        min_p = torch.tensor([p.min_p for p in params], dtype=probs.dtype)
-        if bool((min_p > 0).any()):
+        if use_min_p:
             floor = probs.max(dim=-1, keepdim=True).values * min_p.unsqueeze(1)
             probs = probs.masked_fill(probs < floor, 0.0)
         return probs
@@ -96,12 +118,20 @@ class Sampler:
         noise = torch.empty_like(weights)
         seeded = [i for i, g in enumerate(generators) if g is not None]
         if len(seeded) < len(generators):
-            noise.exponential_(generator=self.generator)
+            noise.exponential_(generator=self.generator_for(weights.device))
         for i in seeded:
-            noise[i].exponential_(generator=generators[i])
+            gen = generators[i]
+            if gen.device == weights.device:
+                noise[i].exponential_(generator=gen)
+            else:
+                # A request's seeded generator lives on the CPU (engines/sequence.py): its row's
+                # noise is drawn there and copied, so a seed gives the same draws on any device.
+                noise[i] = torch.empty(weights.shape[1], dtype=weights.dtype).exponential_(generator=gen).to(
+                    weights.device)
         return (weights / noise).argmax(dim=-1)
 
     def uniform(self, n: int, generator: torch.Generator | None) -> torch.Tensor:
+        """n draws from U[0, 1) on the host (callers compare them with host values)."""
         return torch.rand(n, generator=generator or self.generator)
 
     @staticmethod
@@ -113,9 +143,13 @@ class Sampler:
             return out
         lp = torch.log_softmax(raw[want], dim=-1)
         k = max(params[i].top_logprobs for i in want)
+        # Each tensor comes to the host once (.tolist()), not once per row.
         top_vals, top_ids = lp.topk(k, dim=-1) if k else (None, None)
+        top_vals, top_ids = (top_vals.tolist(), top_ids.tolist()) if k else (None, None)
+        chosen_ids = torch.tensor([tokens[i] for i in want], device=lp.device)
+        chosen = lp.gather(1, chosen_ids.unsqueeze(1)).squeeze(1).tolist()
         for j, i in enumerate(want):
             n = params[i].top_logprobs
-            top = list(zip(top_ids[j, :n].tolist(), top_vals[j, :n].tolist())) if n else []
-            out[i] = TokenLogprob(tokens[i], float(lp[j, tokens[i]]), top)
+            top = list(zip(top_ids[j][:n], top_vals[j][:n])) if n else []
+            out[i] = TokenLogprob(tokens[i], chosen[j], top)
         return out

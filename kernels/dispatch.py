@@ -32,9 +32,17 @@ class AttentionOps:
         self.native = load_cpu_kernels() if (prefer_native and device.type == "cpu" and not self.triton) else None
         self.name = "triton" if self.triton else "cpu-cpp" if self.native is not None else "torch-reference"
 
+    def begin_step(self, seq_of_token: torch.Tensor, seq_of_token_host: list[int] | None = None) -> None:
+        """A new step: its seq_of_token, and the same list on the host where the caller has it
+        (the Triton extend kernel plans its tiles from it, without a device->host sync)."""
+        if self.triton:
+            self.triton.begin_step(seq_of_token, seq_of_token_host)
+
     def write_kv(self, k, v, k_pool, v_pool, slot_mapping, kv_scales=None) -> None:
         """kv_scales: (k_scale, v_scale) for a quantized pool (int8, fp8, int4), else None."""
-        if self.triton and k_pool.dtype != torch.uint8:       # the Triton kernels have no int4 pool
+        # The Triton kernels have no int4 pool: it takes the torch reference, on any device (on
+        # CUDA a few host syncs per layer: a known slow path, INT4 KV is meant for the CPU draft).
+        if self.triton and k_pool.dtype != torch.uint8:
             return self.triton.write_kv(k, v, k_pool, v_pool, slot_mapping, kv_scales)
         if kv_scales is not None:
             native_name, reference = _QUANTIZED_WRITES[k_pool.dtype]

@@ -38,6 +38,8 @@ class EmbeddedTierConfig(_Strict):
     model: str = Field("default", description="'default' (bundled SmolLM2), a .gguf file or an HF directory")
     served_name: str | None = Field(None, description="model id shown to clients; defaults to the tier name")
     dtype: Literal["float32", "bfloat16"] = "bfloat16"
+    device: str = Field("cpu", pattern=r"^(cpu|auto|cuda(:\d+)?)$",
+                        description="where the weights, KV cache and step tensors live: cpu, cuda[:N] or auto")
     max_model_len: int = Field(2048, gt=0)
     kv_cache_memory: ByteSize = Field(ByteSize(512 * 2**20), description="KV pool size, e.g. '512MiB'")
     block_size: int = Field(16, gt=0, le=256)

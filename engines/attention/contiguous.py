@@ -10,10 +10,10 @@ from engines.model_config import ModelConfig
 
 
 class ContiguousAttention:
-    def __init__(self, cfg: ModelConfig, max_len: int, dtype: torch.dtype):
+    def __init__(self, cfg: ModelConfig, max_len: int, dtype: torch.dtype, device: torch.device | str = "cpu"):
         shape = (cfg.num_hidden_layers, cfg.num_key_value_heads, max_len, cfg.head_dim)
-        self.k = torch.zeros(shape, dtype=dtype)
-        self.v = torch.zeros(shape, dtype=dtype)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.max_len = max_len
         self.start = 0
         self.length = 0
@@ -27,8 +27,8 @@ class ContiguousAttention:
         self.start, self.length = start, end
         self._mask = None
         if n_tokens > 1 and start > 0:  # a chunk after cached tokens: causal with an offset
-            rows = torch.arange(start, end).unsqueeze(1)
-            self._mask = torch.arange(end).unsqueeze(0) <= rows
+            rows = torch.arange(start, end, device=self.k.device).unsqueeze(1)
+            self._mask = torch.arange(end, device=self.k.device).unsqueeze(0) <= rows
 
     def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         start, end = self.start, self.length

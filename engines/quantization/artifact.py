@@ -65,12 +65,14 @@ def read_qconfig(path: Path) -> dict:
     return qconfig
 
 
-def load_artifact_into(model: LlamaForCausalLM, path: Path) -> dict:
-    """Replace the model's linears by the stored quantized ones and load every other tensor."""
+def load_artifact_into(model: LlamaForCausalLM, path: Path, keep_portable: bool = False) -> dict:
+    """Replace the model's linears by the stored quantized ones and load every other tensor.
+    keep_portable: INT4 layers keep their nibble form, which the Triton W4A16 kernel and any
+    non-CPU device read (the CPU op reads its own packed copy, so a CPU model drops it)."""
     qconfig = read_qconfig(path)
     try:
         tensors = load_file(str(path / "model.safetensors"))
-    except Exception as exc:  # safetensors raises several types for corrupt files
+    except Exception as exc:  # noqa: BLE001 - safetensors raises several types for corrupt files
         raise ModelLoadError(f"{path / 'model.safetensors'} is not readable ({exc})") from None
     method, group = qconfig["method"], qconfig["group_size"]
     for name in qconfig["modules"]:
@@ -85,7 +87,8 @@ def load_artifact_into(model: LlamaForCausalLM, path: Path) -> dict:
             q = unpack_nibbles(tensors[f"{name}.q"])
             new = Int4Linear(None, bias, group, q, tensors[f"{name}.scales"], tensors[f"{name}.zeros"],
                              in_features=old.in_features)
-            new.portable = None  # the loaded model serves; it need not carry a second copy
+            if not keep_portable:
+                new.portable = None  # the CPU op serves from its own pack: no second copy
         elif method == "fp8":
             new = Fp8Linear(None, bias, q=tensors[f"{name}.qweight"], scales=tensors[f"{name}.weight_scale"])
         else:

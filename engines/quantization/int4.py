@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kernels.reference_gemm import w4a16_linear_ref
 from kernels.triton.select import use_triton
 
 SUPPORTED_GROUP_SIZES = (32, 64, 128, 256)
@@ -55,24 +56,47 @@ class Int4Linear(nn.Module):
         if q is None:
             pad = -weight.shape[1] % group_size
             q, scales, zeros = quantize_int4(F.pad(weight.float(), (0, pad)), group_size)
-        # The portable form, kept only until an artifact is saved (see quantization/artifact.py).
+        # The portable form: what an artifact stores, and what the Triton W4A16 kernel and the
+        # off-CPU torch path read. An artifact-loaded CPU layer drops it (see quantization/artifact.py).
         self.portable: dict[str, torch.Tensor] | None = {
             "q": pack_nibbles(q), "scales": scales.float(), "zeros": zeros.float()}
         self.padded_in = q.shape[1]
         self.out_features = q.shape[0]
         self.group_size = group_size
-        self.register_buffer("qweight", torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 2))
+        # The CPU op's own packed copy, built only for weights on the CPU (quantizing on another
+        # device leaves the nibble form alone, as drop_cpu_pack does after a move).
+        on_cpu = q.device.type == "cpu"
+        self.register_buffer("qweight", torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 2) if on_cpu else None)
         # [K/g, N, 2] (scale, zero) in bf16, the layout the CPU op reads.
-        self.register_buffer("scales_and_zeros", torch.stack([scales.t(), zeros.t()], dim=-1).to(torch.bfloat16).contiguous())
+        self.register_buffer("scales_and_zeros", torch.stack([scales.t(), zeros.t()], dim=-1).to(torch.bfloat16)
+                             .contiguous() if on_cpu else None)
         self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
 
+    def _apply(self, fn, recurse=True):
+        # `portable` is a plain dict, not buffers (weight_bytes would count it twice on CPU):
+        # .to(device) must still move it, so the Triton path finds its nibbles on the device.
+        super()._apply(fn, recurse)
+        if self.portable is not None:
+            self.portable = {key: fn(value) for key, value in self.portable.items()}
+        return self
+
+    def drop_cpu_pack(self) -> None:
+        """Off the CPU the nibble form serves (Triton, or the torch reference); the CPU op's
+        packed copy would only take device memory."""
+        if self.portable is None:
+            raise RuntimeError("this INT4 layer was loaded without its nibble form; it can only run on the CPU op")
+        self.qweight = self.scales_and_zeros = None
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if use_triton(x):   # W4A16 reads the portable nibbles (an artifact-loaded layer drops them)
+        p = self.portable
+        if use_triton(x):   # W4A16 reads the portable nibbles
             from kernels.triton.gemm_weight_only import w4a16_linear
-            if self.portable is None:
+            if p is None:
                 raise RuntimeError("this INT4 layer was loaded without its nibble form; the Triton path needs it")
-            p = self.portable
             return w4a16_linear(x, p["q"], p["scales"], p["zeros"], self.group_size, self.bias)
+        if self.qweight is None or x.device.type != "cpu":
+            # Not on the CPU op (CUDA with TIERGATE_KERNELS=torch): dequantize, one fp32 matmul.
+            return w4a16_linear_ref(x, p["q"], p["scales"], p["zeros"], self.group_size, self.bias)
         shape = x.shape
         flat = x.reshape(-1, shape[-1]).to(torch.bfloat16)
         if self.padded_in != self.in_features:

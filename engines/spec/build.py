@@ -8,7 +8,7 @@ import torch
 
 from engines.errors import ModelLoadError
 from engines.kv_cache import KVPool
-from engines.loaded_model import LoadedModel, load_model
+from engines.loaded_model import LoadedModel, load_model, move_model
 from engines.model_runner import ModelRunner
 from engines.quantization import quantize_model
 from engines.sampler import Sampler
@@ -38,12 +38,14 @@ def load_draft_model(spec: SpeculativeConfig, target: LoadedModel, max_model_len
             raise ModelLoadError(f"self-draft quantization {spec.draft_quantization!r} is not built in-process; "
                              f"choose one of {SELF_DRAFT_QUANTIZATIONS}, or quantize with `tiergate quantize` "
                              "and pass the artifact as draft_model")
+        # Quantized on the CPU (the INT4 CPU pack is a CPU op), then moved to the target's device.
         draft = load_model(target.path, target.dtype)
         quantize_model(draft.model, spec.draft_quantization, spec.draft_group_size, progress=False)
+        move_model(draft.model, target.device)
         draft.quantization = f"{spec.draft_quantization}-g{spec.draft_group_size}"
         _share_embedding(draft, target)
     else:
-        draft = load_model(spec.draft_model, target.dtype)
+        draft = load_model(spec.draft_model, target.dtype, device=target.device)
     if draft.config.vocab_size != target.config.vocab_size or \
             draft.tokenizer.backend.get_vocab() != target.tokenizer.backend.get_vocab():
         raise ModelLoadError(f"draft model {draft.name} does not share the target's tokenizer")
@@ -68,7 +70,7 @@ def build_speculator(spec: SpeculativeConfig, draft: LoadedModel | None, draft_k
         source = NgramSource(spec.ngram_min, spec.ngram_max)
     else:
         # Same number and size of blocks as the target pool: the draft uses its block tables.
-        pool = KVPool(draft.config, num_blocks, block_size, draft_kv_dtype)
+        pool = KVPool(draft.config, num_blocks, block_size, draft_kv_dtype, device=draft.device)
         mirrored = spec.method == "self" and draft.config == target_runner.model.config
         source = ModelDraftSource(spec.method, draft.model, pool, sampler, max_catchup_tokens, mirrored)
         if mirrored:

@@ -52,12 +52,14 @@ def verify(logits: torch.Tensor, groups: list[SpecGroup], sampler: Sampler) -> l
     sampled = [i for i, p in enumerate(params) if not p.greedy]
     probs = sampler.probs(processed[sampled], [params[i] for i in sampled]) if sampled else None
     prob_row = {r: i for i, r in enumerate(sampled)}
+    # Greedy rows' argmaxes come to the host in one copy for all groups.
+    best = processed.argmax(dim=-1).tolist() if len(sampled) < len(params) else []
     verdicts = []
     offset = 0
     for g in groups:
         n = len(g.drafts) + 1
         if g.seq.params.greedy:
-            m, token = _greedy(processed[offset:offset + n], g.drafts)
+            m, token = _greedy(best[offset:offset + n], g.drafts)
         else:
             p = probs[prob_row[offset]:prob_row[offset] + n]
             m, token = _sampled(p, g, sampler)
@@ -70,8 +72,7 @@ def verify(logits: torch.Tensor, groups: list[SpecGroup], sampler: Sampler) -> l
     return verdicts
 
 
-def _greedy(logits: torch.Tensor, drafts: list[int]) -> tuple[int, int]:
-    best = logits.argmax(dim=-1).tolist()
+def _greedy(best: list[int], drafts: list[int]) -> tuple[int, int]:
     m = 0
     while m < len(drafts) and drafts[m] == best[m]:
         m += 1
@@ -80,10 +81,13 @@ def _greedy(logits: torch.Tensor, drafts: list[int]) -> tuple[int, int]:
 
 def _sampled(p: torch.Tensor, g: SpecGroup, sampler: Sampler) -> tuple[int, int]:
     k, gen = len(g.drafts), g.seq.generator
-    drafts = torch.tensor(g.drafts)
-    p_x = p[torch.arange(k), drafts]
-    q_x = torch.ones(k) if g.q is None else g.q[torch.arange(k), drafts]
-    accepted = sampler.uniform(k, gen) < accept_probability(p_x, q_x)     # u ~ U[0, 1)
+    device = p.device
+    drafts = torch.tensor(g.drafts, device=device)
+    rows = torch.arange(k, device=device)
+    p_x = p[rows, drafts]
+    q_x = torch.ones(k, device=device) if g.q is None else g.q[rows, drafts]
+    # The k acceptance probabilities come to the host (where the uniforms are drawn) in one copy.
+    accepted = sampler.uniform(k, gen) < accept_probability(p_x, q_x).cpu()     # u ~ U[0, 1)
     m = k if bool(accepted.all()) else int((~accepted).nonzero()[0])
     if m == k:
         weights = p[k]

@@ -37,7 +37,7 @@ def _weights_source(name: str, cfg: EmbeddedTierConfig, notes: list[str]) -> str
 
 def build_engine(name: str, cfg: EmbeddedTierConfig) -> tuple[LLMEngine, list[str]]:
     notes: list[str] = []
-    loaded = load_model(_weights_source(name, cfg, notes), cfg.dtype)
+    loaded = load_model(_weights_source(name, cfg, notes), cfg.dtype, device=cfg.device)
     spec = None
     if cfg.speculative is not None:
         if speculation_supported():

@@ -31,7 +31,12 @@ class TritonAttentionOps:
         # so the id cannot be reused while cached).
         self._tiles_for: torch.Tensor | None = None
         self._tiles: torch.Tensor | None = None
+        self._host_for: torch.Tensor | None = None
+        self._host_seqs: list[int] | None = None
         self._warned = False
+
+    def begin_step(self, seq_of_token: torch.Tensor, seq_of_token_host: list[int] | None) -> None:
+        self._host_for, self._host_seqs = seq_of_token, seq_of_token_host
 
     def write_kv(self, k, v, k_pool, v_pool, slot_mapping, kv_scales=None) -> None:
         """kv_scales: (k_scale, v_scale) for an int8 or FP8 pool, else None."""
@@ -54,7 +59,8 @@ class TritonAttentionOps:
                                    num_sms(q.device))
             return launch_decode(q, k_pool, v_pool, block_tables, seq_of_token, context_lens, scale, kv_scales, splits)
         if self._tiles_for is not seq_of_token:
-            self._tiles = extend_tiles(seq_of_token, block_tokens(q.shape[1] // k_pool.shape[0]))
+            host = self._host_seqs if self._host_for is seq_of_token else None
+            self._tiles = extend_tiles(seq_of_token, block_tokens(q.shape[1] // k_pool.shape[0]), host)
             self._tiles_for = seq_of_token
         return launch_extend(q, k_pool, v_pool, block_tables, seq_of_token, context_lens, scale, kv_scales,
                              self._tiles)

@@ -99,10 +99,11 @@ def block_tokens(group: int) -> int:
     return max(1, ROWS_TARGET // next_pow2(group))
 
 
-def extend_tiles(seq_of_token: torch.Tensor, block_t: int) -> torch.Tensor:
+def extend_tiles(seq_of_token: torch.Tensor, block_t: int, host: list[int] | None = None) -> torch.Tensor:
     """[n_tiles, 2] int32 (first token, token count): runs of consecutive tokens of one
-    sequence, cut every block_t tokens. One host sync; callers do it once per step."""
-    seqs = seq_of_token.tolist()
+    sequence, cut every block_t tokens. Planned from `host` (seq_of_token as a host list)
+    when given, else one device->host sync; callers do it once per step."""
+    seqs = host if host is not None else seq_of_token.tolist()
     tiles: list[tuple[int, int]] = []
     i = 0
     while i < len(seqs):
@@ -111,7 +112,10 @@ def extend_tiles(seq_of_token: torch.Tensor, block_t: int) -> torch.Tensor:
             j += 1
         tiles.append((i, j - i))
         i = j
-    return torch.tensor(tiles, dtype=torch.int32).reshape(-1, 2).to(seq_of_token.device)
+    out = torch.tensor(tiles, dtype=torch.int32).reshape(-1, 2)
+    if seq_of_token.is_cuda:        # pinned + non_blocking: the copy queues before the kernel, no sync
+        return out.pin_memory().to(seq_of_token.device, non_blocking=True)
+    return out.to(seq_of_token.device)
 
 
 def launch_extend(q, k_pool, v_pool, block_tables, seq_of_token, context_lens, scale, kv_scales,

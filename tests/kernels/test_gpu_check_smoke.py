@@ -9,7 +9,7 @@ import pytest
 
 from bench.gpu_check import evaluate_bars, main
 
-pytestmark = pytest.mark.slow          # ~30 s of interpreted kernels
+pytestmark = pytest.mark.slow          # ~30 s of interpreted kernels, ~15 s of the real model
 
 
 def test_gpu_check_smoke_run_reports_every_kernel(tmp_path):
@@ -21,6 +21,10 @@ def test_gpu_check_smoke_run_reports_every_kernel(tmp_path):
                        "add_rms_norm", "silu_mul", "rope"}
     assert all(row["ok"] and row["ms"] > 0 for row in report["cases"])
     assert report["ceilings"]["copy_GBps"] > 0 and report["machine"]["triton"]
+    # The whole-engine section ran its script (on the CPU both sides are the CPU path).
+    engine = report["engine"]
+    assert set(engine) == {"float32", "bfloat16"} and all(e["ok"] for e in engine.values())
+    assert all(set(e["decode_tokens_per_s"]) == {"1", "2"} for e in engine.values())
 
 
 def test_bars_read_the_llama_rows():
