@@ -32,13 +32,14 @@ def generate_tokens(
     if not prompt_ids:
         raise ValueError("prompt must contain at least one token")
     total = len(prompt_ids) + sampling.max_tokens
-    attn = ContiguousAttention(model.config, total, model.dtype)
+    device = model.embed_tokens.weight.device
+    attn = ContiguousAttention(model.config, total, model.dtype, device)
     generator = torch.Generator().manual_seed(sampling.seed) if sampling.seed is not None else None
-    ids = torch.tensor(prompt_ids, dtype=torch.long)
+    ids = torch.tensor(prompt_ids, dtype=torch.long, device=device)
     start = 0
     for _ in range(sampling.max_tokens):
         attn.begin_step(start, ids.numel())
-        positions = torch.arange(start, start + ids.numel())
+        positions = torch.arange(start, start + ids.numel(), device=device)
         hidden = model(ids, positions, attn)
         logits = model.compute_logits(hidden[-1:])[0]
         token = _sample(logits, sampling.temperature, generator)
@@ -46,11 +47,12 @@ def generate_tokens(
         if token in eos_ids and not sampling.ignore_eos:
             return
         start += ids.numel()
-        ids = torch.tensor([token], dtype=torch.long)
+        ids = torch.tensor([token], dtype=torch.long, device=device)
 
 
 def _sample(logits: torch.Tensor, temperature: float, generator: torch.Generator | None) -> int:
     if temperature <= 0:
         return int(logits.argmax())
-    probs = torch.softmax(logits / temperature, dim=-1)
+    # Drawn on the host: a seeded CPU generator gives the same tokens on any device.
+    probs = torch.softmax(logits / temperature, dim=-1).cpu()
     return int(torch.multinomial(probs, 1, generator=generator))
