@@ -67,6 +67,9 @@ class ServerConfig(_Strict):
     max_body_bytes: ByteSize = Field(ByteSize(4 * 2**20), description="larger request bodies get 413")
     reload_poll_s: float = Field(2.0, ge=0, description="seconds between config file checks; 0: SIGHUP only")
     log_requests: bool = Field(True, description="one log line per request with its routing decision")
+    gil_switch_interval_ms: float = Field(
+        1.0, gt=0, le=100, description="how long another thread (span exporter, engine step) may keep the "
+                                       "GIL before the event loop gets it back; Python's default is 5 ms")
 
 
 class GatewayConfig(_Strict):
