@@ -41,7 +41,7 @@ def _build_parser() -> argparse.ArgumentParser:
     check.add_argument("file")
 
     quant = sub.add_parser("quantize", help="write a quantized copy of a model")
-    quant.add_argument("--method", required=True, choices=["int8", "int4-rtn", "int4-awq", "fp8"])
+    quant.add_argument("--method", required=True, choices=["int8", "int4-rtn", "int4-awq", "int4-gptq", "fp8"])
     quant.add_argument("--group-size", type=int, default=128)
     quant.add_argument("--out", required=True)
     quant.add_argument("--model", default="default", help="'default', a .gguf file or an HF directory")
@@ -52,8 +52,12 @@ def _build_parser() -> argparse.ArgumentParser:
     ppl.add_argument("--json", required=True, dest="json_out")
     ppl.add_argument("--quant", action="append", dest="variants",
                      help="variant to evaluate (repeatable): fp32, bf16, int8, int4-rtn-g64, int4-rtn-g128, "
-                          "int4-awq-g64, int4-awq-g128, fp8, kv-bf16, kv-int8, kv-fp8, kv-int4")
+                          "int4-awq-g64, int4-awq-g128, int4-gptq-g64, int4-gptq-g128, fp8, kv-bf16, kv-int8, "
+                          "kv-fp8, kv-int4")
     ppl.add_argument("--sequences", type=int, default=24)
+    ppl.add_argument("--validation", action="store_true",
+                     help="the tuning slice (records 8,000+) instead of the held-out one (12,000+)")
+    ppl.add_argument("--no-speed", action="store_true", help="skip the decode tokens/s figures (most of the time)")
 
     hk = sub.add_parser("hash-key", help="print the SHA-256 digest of an API key, for auth.keys[].sha256")
     hk.add_argument("key")
@@ -107,12 +111,13 @@ def _dispatch(args: argparse.Namespace) -> int:
         print(f"wrote {args.method} g{args.group_size} artifact to {out}")
         return 0
     if args.command == "eval" and args.eval == "ppl":
-        from gateway.eval.ppl import DEFAULT_VARIANTS, run_ppl_eval
+        from gateway.eval.ppl import ALL_VARIANTS, DEFAULT_VARIANTS, run_ppl_eval
         variants = args.variants or list(DEFAULT_VARIANTS)
-        unknown = sorted(set(variants) - set(DEFAULT_VARIANTS))
+        unknown = sorted(set(variants) - set(ALL_VARIANTS))
         if unknown:
-            raise UsageError(f"unknown variant(s) {unknown}; choose from {list(DEFAULT_VARIANTS)}")
-        return run_ppl_eval(args.json_out, variants, args.sequences)
+            raise UsageError(f"unknown variant(s) {unknown}; choose from {list(ALL_VARIANTS)}")
+        return run_ppl_eval(args.json_out, variants, args.sequences, validation=args.validation,
+                            speed=not args.no_speed)
     if args.command == "hash-key":
         from policies.config import hash_api_key
         print(hash_api_key(args.key))

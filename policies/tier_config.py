@@ -17,7 +17,7 @@ class SpeculativeSettings(_Strict):
     method: Literal["ngram", "draft", "self"]
     num_tokens: int = Field(4, ge=1, le=16)
     draft_model: str | None = None
-    draft_quantization: Literal["int8", "int4-rtn", "int4-awq", "fp8"] | None = "int4-rtn"
+    draft_quantization: Literal["int8", "int4-rtn", "int4-awq", "int4-gptq", "fp8"] | None = "int4-rtn"
     draft_kv_cache_dtype: Literal["int8", "fp8", "int4"] | None = "int8"
     ngram_max: int = Field(4, ge=1)
     ngram_min: int = Field(1, ge=1)
@@ -46,7 +46,7 @@ class EmbeddedTierConfig(_Strict):
     max_num_seqs: int = Field(128, gt=0)
     max_num_batched_tokens: int = Field(2048, gt=0)
     enable_prefix_caching: bool = True
-    quantization: Literal["int8", "int4-rtn", "int4-awq", "fp8"] | None = Field(
+    quantization: Literal["int8", "int4-rtn", "int4-awq", "int4-gptq", "fp8"] | None = Field(
         None, description="weight quantization; the artifact is built and cached on first start")
     quant_group_size: Literal[32, 64, 128, 256] = 128
     kv_cache_dtype: Literal["int8", "fp8", "int4"] | None = Field(None, description="None: the model dtype")

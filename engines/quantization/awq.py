@@ -114,7 +114,9 @@ def search_scale(weight: torch.Tensor, stats: InputStats, group: int, tie=None) 
 
 def clip_and_quantize(weight: torch.Tensor, gram: torch.Tensor, group: int):
     """Search a clip ratio per (row, group) on that group's output error (its block of the
-    input second moment); return int4 q, scales, zeros (padded)."""
+    input second moment); return int4 q, scales, zeros (padded). (Searching the minimum's and
+    the maximum's ratios independently lowered that error but cost perplexity: +20.2 % vs
+    +15.7 % at g128 on the validation slice; the search ignores errors across groups.)"""
     w = _pad(weight.float(), group)
     n, kp = w.shape
     groups = kp // group
@@ -145,7 +147,9 @@ def _tie_gqa(per_channel: torch.Tensor, attn) -> torch.Tensor:
 @torch.no_grad()
 def awq_quantize(model: LlamaForCausalLM, sequences: list[list[int]], group_size: int = 128,
                  progress: bool = True) -> int:
-    """Scale, fold, clip and quantize every decoder linear of `model` in place."""
+    """Scale, fold, clip and quantize every decoder linear of `model` in place. (GPTQ rounding
+    of the scaled weights was tried instead of the clip search: +16.4 % vs +15.7 % at g128 on
+    the validation slice, so AWQ keeps round-to-nearest; GPTQ alone is `int4-gptq`.)"""
     stats = capture_input_stats(model, sequences)
     for i, layer in enumerate(tqdm(model.layers, desc=f"AWQ int4 g{group_size}", disable=not progress, leave=False)):
         attn, mlp = layer.self_attn, layer.mlp

@@ -8,14 +8,17 @@ from gateway.bench.workload import iter_sharegpt_records
 # Benchmarks read from the start of the file and calibration from records 2,000-6,000;
 # evaluation starts here.
 HELDOUT_START = 12_000
+VALIDATION_START = 8_000
 
 
 def heldout_sequences(tokenizer, chat_template, n: int = 24, max_tokens: int = 512,
-                      min_tokens: int = 64) -> list[list[int]]:
-    """Token ids of the first human/gpt exchange of `n` held-out conversations."""
+                      min_tokens: int = 64, start: int = HELDOUT_START) -> list[list[int]]:
+    """Token ids of the first human/gpt exchange of `n` held-out conversations (from record
+    `start`; VALIDATION_START gives a slice for tuning that neither calibration nor the final
+    evaluation reads)."""
     out: list[list[int]] = []
     for index, record in enumerate(iter_sharegpt_records()):
-        if index < HELDOUT_START:
+        if index < start:
             continue
         turns = record.get("conversations") or []
         if len(turns) < 2 or turns[0].get("from") != "human" or turns[1].get("from") != "gpt":

@@ -292,3 +292,19 @@ def test_fp8_linear_cpu_paths_equal_the_dequantized_weight(rows, dtype):
     assert got.dtype == dtype and got.shape == (rows, 72)
     tol = 1e-5 if dtype == torch.float32 else 1e-2
     assert (got.float() - want).abs().max() <= tol * want.abs().max()
+
+
+def test_cached_artifact_is_rebuilt_when_the_algorithm_version_changes(tmp_path, monkeypatch):
+    """The cache key holds each method's algorithm version, so a changed algorithm never
+    silently reuses an artifact an older version built."""
+    import json
+
+    from gateway import quantize_cmd
+    from tests.tiny_models import write_tiny_checkpoint
+
+    write_tiny_checkpoint(tmp_path / "src", intermediate_size=128)
+    first = quantize_cmd.ensure_quantized(str(tmp_path / "src"), "int4-rtn", 32, cache_root=tmp_path / "cache")
+    assert json.loads((first / "quantization_config.json").read_text())["algorithm_version"] == 1
+    monkeypatch.setitem(quantize_cmd.ALGORITHM_VERSIONS, "int4-rtn", 2)
+    second = quantize_cmd.ensure_quantized(str(tmp_path / "src"), "int4-rtn", 32, cache_root=tmp_path / "cache")
+    assert second != first and json.loads((second / "quantization_config.json").read_text())["algorithm_version"] == 2
