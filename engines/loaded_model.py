@@ -75,6 +75,8 @@ def resolve_device(name: str | torch.device | None) -> torch.device:
         raise ModelLoadError(f"unknown device {name!r}; choose cpu, cuda, cuda:N or auto") from None
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ModelLoadError(f"device {name!r} asked for, but this torch sees no CUDA device")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise ModelLoadError(f"device {name!r} asked for, but this machine has {torch.cuda.device_count()} GPU(s)")
     return device
 
 

@@ -38,6 +38,11 @@ def load_draft_model(spec: SpeculativeConfig, target: LoadedModel, max_model_len
             raise ModelLoadError(f"self-draft quantization {spec.draft_quantization!r} is not built in-process; "
                              f"choose one of {SELF_DRAFT_QUANTIZATIONS}, or quantize with `tiergate quantize` "
                              "and pass the artifact as draft_model")
+        if target.quantization is not None:
+            # Its checkpoint is already the quantized artifact: a "self" draft of it would be the
+            # target again (as slow to run), and its INT4 layers could not be re-quantized.
+            raise ModelLoadError(f"self-speculation needs an unquantized target, but this tier runs "
+                                 f"{target.quantization} weights; use method 'ngram', or 'draft' with draft_model")
         # Quantized on the CPU (the INT4 CPU pack is a CPU op), then moved to the target's device.
         draft = load_model(target.path, target.dtype)
         quantize_model(draft.model, spec.draft_quantization, spec.draft_group_size, progress=False)

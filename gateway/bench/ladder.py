@@ -151,6 +151,8 @@ def run_ladder_bench(json_out: str, num_requests: int, latency_requests: int, ma
         engine.block_manager.reset_prefix_cache()
         console.log(f"{rung.name}: + {rung.adds}")
         throughput = _serve(engine, prompts, lengths, one_at_a_time=False)
+        preemptions, hit_rate = engine.stats.preemptions, engine.stats.prefix_hit_rate   # this view's own
+        engine.block_manager.reset_prefix_cache()      # the latency view starts cold, like the first one
         latency = _serve(engine, {r: prompts[r] for r in latency_ids}, {r: lengths[r] for r in latency_ids},
                          one_at_a_time=True)
         tokens = throughput.pop("_tokens")
@@ -160,7 +162,7 @@ def run_ladder_bench(json_out: str, num_requests: int, latency_requests: int, ma
                  "max_num_seqs": rung.max_num_seqs, "prefix_caching": rung.prefix_caching,
                  "kv_cache_dtype": rung.kv_dtype or "bf16", "speculative": rung.spec.method if rung.spec else None,
                  "kv_capacity_tokens": engine.pool.capacity_tokens, "throughput": throughput, "latency": latency,
-                 "preemptions": engine.stats.preemptions, "prefix_hit_rate": round(engine.stats.prefix_hit_rate, 4),
+                 "preemptions": preemptions, "prefix_hit_rate": round(hit_rate, 4),
                  "quality_vs_baseline": _agreement(tokens, reference)}
         if engine.stats.spec:
             entry["spec_acceptance"] = {k: round(v.acceptance_rate, 4) for k, v in engine.stats.spec.items()}

@@ -96,7 +96,7 @@ def _evaluate(name: str, loaded, sequences: list[list[int]], ref_top1: list[torc
         "top1_agreement_with_fp32": agree / count,
         "weight_bytes": weight_bytes(loaded.model),
         "decode_tokens_per_s": {f"batch_{b}": _decode_speed(loaded, sequences, b, kv=KV_VARIANTS.get(name))
-                                if speed else float("nan") for b in DECODE_BATCHES},
+                                if speed else None for b in DECODE_BATCHES},
     }
     if kv_engine:
         entry["kv_bytes_per_token"] = kv_engine.pool.nbytes // kv_engine.pool.capacity_tokens
@@ -106,7 +106,7 @@ def _evaluate(name: str, loaded, sequences: list[list[int]], ref_top1: list[torc
 def run_ppl_eval(json_out: str, variants: list[str], n_sequences: int, validation: bool = False,
                  speed: bool = True) -> int:
     """validation: the tuning slice (records 8,000+) instead of the held-out one; speed: measure
-    decode tokens/s (most of the run time; NaN when off)."""
+    decode tokens/s (most of the run time; null when off)."""
     console = Console(stderr=True)
     started = time.perf_counter()
     reference = load_model("default", "float32")
@@ -128,7 +128,7 @@ def run_ppl_eval(json_out: str, variants: list[str], n_sequences: int, validatio
         console.log(f"[{i}/{len(variants)}] {name}: perplexity and decode speed")
         report["variants"][name] = entry = _evaluate(name, loaded, sequences, ref_top1, speed)
         console.log(f"[{i}/{len(variants)}] {name}: ppl {entry['perplexity']:.3f}, "
-                    f"{entry['decode_tokens_per_s']['batch_1']:.1f} tok/s at batch 1 "
+                    f"{_speed(entry['decode_tokens_per_s']['batch_1'])} tok/s at batch 1 "
                     f"({time.perf_counter() - t0:.0f} s; {time.perf_counter() - started:.0f} s in all)")
     _add_ratios(report["variants"])
     report["wall_s"] = time.perf_counter() - started
@@ -147,7 +147,7 @@ def _add_ratios(variants: dict) -> None:
             entry["ppl_increase_vs_fp32"] = entry["perplexity"] / base - 1
         if kv_base and "kv_bytes_per_token" in entry:
             entry["kv_tokens_vs_bf16"] = kv_base / entry["kv_bytes_per_token"]
-        if speed_base:
+        if speed_base and entry["decode_tokens_per_s"]["batch_1"]:
             entry["batch_1_speed_vs_bf16"] = entry["decode_tokens_per_s"]["batch_1"] / speed_base
 
 
@@ -160,5 +160,9 @@ def _table(report: dict, n: int) -> Table:
         speeds = e["decode_tokens_per_s"]
         table.add_row(name, f"{e['perplexity']:.3f}", f"{e.get('ppl_increase_vs_fp32', 0) * 100:+.2f} %",
                       f"{e['top1_agreement_with_fp32'] * 100:.1f} %", f"{e['weight_bytes'] / 1e6:.0f}",
-                      str(e.get("kv_bytes_per_token", "")), *(f"{speeds[f'batch_{b}']:.1f}" for b in DECODE_BATCHES))
+                      str(e.get("kv_bytes_per_token", "")), *(_speed(speeds[f"batch_{b}"]) for b in DECODE_BATCHES))
     return table
+
+
+def _speed(tokens_per_s: float | None) -> str:
+    return "-" if tokens_per_s is None else f"{tokens_per_s:.1f}"

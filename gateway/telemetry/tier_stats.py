@@ -43,11 +43,12 @@ def tier_set_source(holder: Any) -> Callable[[], Mapping[str, TierStatsView]]:
 
 async def breaker_states(holder: Any) -> Mapping[str, str]:
     """For GatewayMetrics.set_breaker_reader: each current tier's breaker state from the breaker
-    store (Redis when configured: what every replica sees), one concurrent read per tier."""
+    store (Redis when configured: what every replica sees), one concurrent read per tier. A
+    store failure propagates: the scrape then reports this replica's own view."""
     rt = holder.current
     limits = rt.limits
     if limits is None:
         return {}
     names = list(rt.tiers)
-    states = await asyncio.gather(*(limits.breakers.state(name) for name in names))
+    states = await asyncio.gather(*(limits.breakers.shared_state(name) for name in names))
     return {name: st.state for name, st in zip(names, states)}

@@ -37,6 +37,9 @@ class Breakers:
         self._table = table
         self._closed_cache_s = closed_cache_s
         self._closed_until: dict[str, tuple[float, int]] = {}   # name -> (monotonic deadline, generation)
+        # Bumped whenever a cached answer is dropped: an ALLOW that was in flight meanwhile (and
+        # may have read the state before the trip) must not cache its "closed" afterwards.
+        self._closed_epoch: dict[str, int] = {}
         self._local = MemoryBreakerStore()
         self._store = store or self._local
         self._shared = store is not None
@@ -79,6 +82,7 @@ class Breakers:
                 return Permit(name, cached[1])
         settings = self.settings(name)
         probe_id = uuid.uuid4().hex
+        epoch = self._closed_epoch.get(name, 0)
         if not local:
             try:
                 answer = await self._store.allow(name, settings, probe_id)
@@ -89,10 +93,10 @@ class Breakers:
         if local:
             answer = await self._local.allow(name, settings, probe_id)
         elif self._closed_cache_s:
-            if answer.code == "ok":
+            if answer.code != "ok":
+                self._drop_cached(name)
+            elif self._closed_epoch.get(name, 0) == epoch:
                 self._closed_until[name] = (time.monotonic() + self._closed_cache_s, answer.generation)
-            else:
-                self._closed_until.pop(name, None)
         if answer.code == "ok":
             return Permit(name, answer.generation, local=local and self._shared)
         if answer.code == "probe":
@@ -111,12 +115,16 @@ class Breakers:
                 result = await self._store.record(permit.name, settings, permit.generation, permit.probe_id,
                                                   code, slow)
                 if result in ("opened", "stale"):      # the cached "closed" is out of date
-                    self._closed_until.pop(permit.name, None)
+                    self._drop_cached(permit.name)
                 return result
             except StoreError as exc:
                 self._mark_down(exc)  # this call's outcome is lost to the shared window: one sample
                 return "lost"
         return await self._local.record(permit.name, settings, permit.generation, permit.probe_id, code, slow)
+
+    def _drop_cached(self, name: str) -> None:
+        self._closed_until.pop(name, None)
+        self._closed_epoch[name] = self._closed_epoch.get(name, 0) + 1
 
     async def first_available(self, names: Sequence[str]) -> Permit | AllOpen:
         """The first tier of a fallback chain whose breaker lets a call through."""
@@ -128,6 +136,11 @@ class Breakers:
             rejections.append(answer)
         retry = min((r.retry_after for r in rejections), default=0.0)
         return AllOpen(tuple(names), retry)
+
+    async def shared_state(self, name: str) -> BreakerState:
+        """The state every replica sees (this process's own when not shared). Unlike state(), a
+        store failure raises StoreError and leaves the request path as it is: for /metrics."""
+        return await self._store.state(name, self.settings(name))
 
     async def state(self, name: str) -> BreakerState:
         settings = self.settings(name)

@@ -18,7 +18,9 @@ from policies.breakers.types import (
 from policies.budgets.types import StoreError
 from policies.limits_config import BreakerSettings
 
-_FAILURES = (RedisError, OSError, asyncio.TimeoutError)
+# RuntimeError: uvloop's transport raises it (not ConnectionError) when redis-py writes on a
+# connection the server has just closed, e.g. while Redis restarts.
+_FAILURES = (RedisError, OSError, asyncio.TimeoutError, RuntimeError)
 
 
 def _s(v) -> str:

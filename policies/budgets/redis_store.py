@@ -22,7 +22,9 @@ from policies.budgets.types import (
 )
 from policies.limits_config import StoreConfig
 
-_FAILURES = (RedisError, OSError, asyncio.TimeoutError)
+# RuntimeError: uvloop's transport raises it (not ConnectionError) when redis-py writes on a
+# connection the server has just closed, e.g. while Redis restarts.
+_FAILURES = (RedisError, OSError, asyncio.TimeoutError, RuntimeError)
 
 
 def make_redis_client(config: StoreConfig) -> aioredis.Redis:

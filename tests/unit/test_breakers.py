@@ -170,3 +170,37 @@ async def test_first_available_walks_the_fallback_chain(make_breakers):
     none = await b.first_available(["big", "small"])
     assert not none.allowed and none.names == ("big", "small")
     assert 4.5 < none.retry_after <= 5
+
+
+class _SlowReplies(MemoryBreakerStore):
+    """Answers ALLOW at once but delivers the answer only when `release` is set: a reply still
+    on the wire while another request's outcome trips the breaker."""
+
+    def __init__(self):
+        super().__init__()
+        self.release = asyncio.Event()
+        self.allows = 0
+
+    async def allow(self, *args):
+        self.allows += 1
+        answer = await super().allow(*args)
+        await self.release.wait()
+        return answer
+
+
+async def test_a_closed_answer_read_before_a_trip_is_not_cached_after_it():
+    store = _SlowReplies()
+    breakers = Breakers(BreakerTable(default=BreakerSettings(min_calls=1, failure_rate=0.5, open_s=30)), store,
+                        closed_cache_s=30)
+    store.release.set()
+    first = await breakers.allow("t")                    # "closed", now cached
+    breakers._closed_until.clear()                        # the cache expires: the next ALLOW asks the store
+    store.release.clear()
+    slow = asyncio.create_task(breakers.allow("t"))      # read "closed" in the store, reply held back
+    await asyncio.sleep(0)
+    assert await breakers.record(first, Outcome.FAILURE) == "opened"   # another request trips it
+    store.release.set()
+    assert (await slow).allowed                           # the late reply still lets its own call go
+    refused = await breakers.allow("t")                   # but was not cached: the store says open
+    assert not refused.allowed and refused.state == "open"
+    assert store.allows == 3

@@ -1,8 +1,10 @@
 """The engine follows its model's device: KV pools, step tensors, sampler tensors, draft models.
 
 No GPU here, so two stand-ins: on the CPU every tensor a step builds must sit on the model's
-device; and the model moved to the `meta` device catches any tensor still created on the CPU
-(an op mixing meta and CPU tensors raises). On meta, attention runs a stub that checks its
+device (this checks the plumbing, not a device mistake: everything is on the CPU there); and
+the model moved to the `meta` device, where every tensor it holds must be on meta and a
+forward catches most tensors still created on the CPU (many ops mixing meta and CPU tensors
+raise, though not all: F.linear(meta, cpu weight) returns meta, hence the explicit check). On meta, attention runs a stub that checks its
 inputs' devices (the real attention ops read values, which meta tensors lack), so this covers
 the engine's own tensors, not the kernels'.
 """
@@ -96,10 +98,28 @@ def _chunks(block_size: int) -> list[Chunk]:
     return [Chunk([0, 1, 2], 20, list(range(3, 15)), 1), Chunk([3], 0, [4, 5, 6], 1), Chunk([4, 5], 17, [8], 1)]
 
 
+def _held_tensors(model: torch.nn.Module):
+    """Every tensor a model holds: parameters, buffers, and tensors kept as plain attributes
+    (packed weights, the tied head, INT4 portable forms), which .to() would not move. A CPU
+    weight would not be caught by the forward alone: F.linear(meta x, cpu w) returns meta."""
+    for module in model.modules():
+        yield from module.parameters(recurse=False)
+        yield from module.buffers(recurse=False)
+        for value in vars(module).values():
+            if isinstance(value, torch.Tensor):
+                yield value
+            elif isinstance(getattr(value, "data", None), torch.Tensor):       # PackedWeight
+                yield value.data
+            elif isinstance(value, dict):
+                yield from (v for v in value.values() if isinstance(v, torch.Tensor))
+
+
 @pytest.mark.parametrize("kv_dtype", [None, "int8", "int4"])
 def test_a_forward_on_the_meta_device_creates_no_cpu_tensor(tiny_path, kv_dtype, step_tensors):
     loaded = load_model(tiny_path, "float32", device="meta")
     assert loaded.device == META
+    held = list(_held_tensors(loaded.model))
+    assert held and {t.device for t in held} == {META}
     engine = _engine(loaded, kv_cache_dtype=kv_dtype)
     pool = engine.pool
     assert {t.device for t in (pool.k, pool.v) + (pool.scales(0) or ())} == {META}

@@ -308,3 +308,15 @@ def test_cached_artifact_is_rebuilt_when_the_algorithm_version_changes(tmp_path,
     monkeypatch.setitem(quantize_cmd.ALGORITHM_VERSIONS, "int4-rtn", 2)
     second = quantize_cmd.ensure_quantized(str(tmp_path / "src"), "int4-rtn", 32, cache_root=tmp_path / "cache")
     assert second != first and json.loads((second / "quantization_config.json").read_text())["algorithm_version"] == 2
+
+
+def test_every_setting_of_a_method_is_part_of_its_cache_key(tmp_path, monkeypatch):
+    from gateway import quantize_cmd
+    from tests.tiny_models import write_tiny_checkpoint
+
+    write_tiny_checkpoint(tmp_path / "src")
+    where = lambda method: quantize_cmd.artifact_dir(str(tmp_path / "src"), method, 64, tmp_path)
+    gptq, awq, rtn = where("int4-gptq"), where("int4-awq"), where("int4-rtn")
+    monkeypatch.setitem(quantize_cmd.GPTQ_OPTIONS, "damp", 0.01)
+    monkeypatch.setitem(quantize_cmd.AWQ_CALIBRATION, "n", 32)
+    assert where("int4-gptq") != gptq and where("int4-awq") != awq and where("int4-rtn") == rtn

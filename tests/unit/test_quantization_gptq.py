@@ -12,12 +12,15 @@ from engines.quantization.gptq import gptq_quantize
 from engines.quantization.int4 import Int4Linear, dequantize_int4, quantize_int4
 
 
-def _layer(seed: int, n: int = 48, k: int = 256, tokens: int = 1024):
-    """A random weight and correlated inputs with uneven channel magnitudes (as in a model)."""
+def _layer(seed: int, n: int = 48, k: int = 256, tokens: int = 1024, held_out: bool = False):
+    """A random weight and correlated inputs with uneven channel magnitudes (as in a model);
+    with held_out, also as many other inputs of the same distribution."""
     g = torch.Generator().manual_seed(seed)
     mix = torch.eye(k) + 0.1 * torch.randn(k, k, generator=g)   # correlated channels, as in a model
-    x = torch.randn(tokens, k, generator=g) @ mix * (0.2 + 3 * torch.rand(k, generator=g))
-    return torch.randn(n, k, generator=g) * 0.05, x
+    scale = 0.2 + 3 * torch.rand(k, generator=g)
+    x = torch.randn(2 * tokens, k, generator=g) @ mix * scale
+    w = torch.randn(n, k, generator=g) * 0.05
+    return (w, x[:tokens], x[tokens:]) if held_out else (w, x[:tokens])
 
 
 def _error(w, q, s, z, group, gram):
@@ -27,12 +30,14 @@ def _error(w, q, s, z, group, gram):
 @pytest.mark.parametrize("group", [64, 128])
 @pytest.mark.parametrize("act_order", [False, True])
 def test_gptq_beats_round_to_nearest_and_clip_search(group, act_order):
-    w, x = _layer(0)
-    gram = InputStats.of(x).gram
-    rtn = _error(w, *quantize_int4(w, group), group, gram)
-    clipped = _error(w, *clip_and_quantize(w, gram, group), group, gram)
-    gptq = _error(w, *gptq_quantize(w, gram, group, act_order=act_order), group, gram)
-    assert gptq < 0.8 * min(rtn, clipped)
+    """On the calibration inputs and on other inputs of the same kind (GPTQ fits the first)."""
+    w, x, other = _layer(0, held_out=True)
+    gram, other_gram = InputStats.of(x).gram, InputStats.of(other).gram
+    quantized = {"rtn": quantize_int4(w, group), "clipped": clip_and_quantize(w, gram, group),
+                 "gptq": gptq_quantize(w, gram, group, act_order=act_order)}
+    for g in (gram, other_gram):
+        err = {name: _error(w, *qsz, group, g) for name, qsz in quantized.items()}
+        assert err["gptq"] < 0.8 * min(err["rtn"], err["clipped"]), err
 
 
 def test_gptq_weights_lie_on_the_int4_grid_the_op_reads():

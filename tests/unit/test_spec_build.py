@@ -41,6 +41,15 @@ def test_self_draft_quantization_must_be_built_in(paths):
         _start(paths, method="self", draft_quantization="int4-awq")
 
 
+def test_a_self_draft_of_an_already_quantized_target_is_refused(paths, tmp_path):
+    from gateway.quantize_cmd import quantize_to_dir
+
+    artifact = quantize_to_dir(str(paths / "target"), "int4-rtn", 32, tmp_path / "int4")
+    with pytest.raises(ModelLoadError, match="unquantized target"):
+        LLMEngine(load_model(artifact, "float32"),
+                  EngineConfig(kv_cache_memory_bytes=2**20, speculative=SpeculativeConfig(method="self")))
+
+
 def test_the_draft_pool_shares_the_memory_budget(paths):
     plain = LLMEngine(load_model(paths / "target", "float32"), EngineConfig(kv_cache_memory_bytes=2**20))
     spec = _start(paths, method="draft", draft_model=str(paths / "target"), draft_kv_cache_dtype=None)

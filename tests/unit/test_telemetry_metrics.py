@@ -269,3 +269,29 @@ def test_breaker_state_follows_the_events_requests_saw():
     assert states() == {"a": "closed", "b": "closed"}
     metrics.set_breaker_source(lambda: {"a": "open"})    # an exact source replaces what requests saw
     assert states() == {"a": "open"}
+
+
+def test_breaker_states_read_from_the_store_fall_back_to_what_requests_saw():
+    import asyncio
+
+    from policies.budgets.types import StoreError
+
+    metrics = GatewayMetrics()
+    metrics.breaker_events([("a", "success"), ("b", "failure"), ("b", "opened")])
+    reads = {"fail": False}
+
+    async def read() -> dict:
+        if reads["fail"]:
+            raise StoreError("redis breaker state failed: ConnectionError")
+        return {"a": "open", "b": "closed"}     # another replica moved both
+
+    def states() -> dict:
+        asyncio.run(metrics.refresh())
+        m = _parsed(metrics)
+        return {dict(key)["tier"]: dict(key)["state"] for (name, key), v in m.items()
+                if name == "tiergate_breaker_state" and v == 1}
+
+    metrics.set_breaker_reader(read)
+    assert states() == {"a": "open", "b": "closed"}          # the store's state, not this replica's
+    reads["fail"] = True
+    assert states() == {"a": "closed", "b": "open"}          # store down: what requests here saw
