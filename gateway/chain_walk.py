@@ -22,6 +22,7 @@ class ChainWalk:
         self.rt, self.ctx, self.chain = rt, ctx, chain
         self.index = 0
         self.unfit: TierUnfit | None = None    # the last tier that could not hold the request
+        self.busy: list[Tier] = []             # passed over at their max_in_flight, in chain order
 
     async def next_tier(self) -> Tier:
         """Raises the request's error when no tier is left."""
@@ -29,10 +30,17 @@ class ChainWalk:
         while True:
             self.index, skipped = next_candidate(self.chain, self.index, self.rt.usable)
             ctx.fallbacks.extend(skipped)
-            if self.index == len(self.chain):
+            if self.index < len(self.chain):
+                tier = self.rt.tiers[self.chain[self.index]]
+                self.index += 1
+                if tier.busy:
+                    self.busy.append(tier)
+                    ctx.fallbacks.append(f"{tier.name}: busy ({tier.in_flight} calls in flight)")
+                    continue
+            elif self.busy:                     # every tier left is busy: wait in the first one's queue
+                tier = self.busy.pop(0)
+            else:
                 raise ctx.limits_guard.nothing_left(self.chain, self.unfit)
-            tier = self.rt.tiers[self.chain[self.index]]
-            self.index += 1
             skip = await ctx.limits_guard.admit(tier)     # breaker permit + budget reservation, or why not
             if skip is None:
                 ctx.tier = tier.name

@@ -51,6 +51,9 @@ class EmbeddedTierConfig(_Strict):
     quant_group_size: Literal[32, 64, 128, 256] = 128
     kv_cache_dtype: Literal["int8", "fp8", "int4"] | None = Field(None, description="None: the model dtype")
     speculative: SpeculativeSettings | None = None
+    max_in_flight: int | None = Field(
+        None, gt=0, description="above this many calls open to the tier, routing passes it over for the next "
+                                "tier of the chain; when every tier left is busy, the first busy one takes it")
 
     @model_validator(mode="after")
     def _budget_covers_batch(self) -> EmbeddedTierConfig:
@@ -68,6 +71,9 @@ class UpstreamTierConfig(_Strict):
     api_key_env: str | None = Field(None, description="environment variable holding the upstream's API key")
     connect_timeout_s: float = Field(5.0, gt=0)
     read_timeout_s: float = Field(120.0, gt=0, description="longest wait for the next byte of the answer")
+    max_in_flight: int | None = Field(
+        None, gt=0, description="above this many calls open to the tier, routing passes it over for the next "
+                                "tier of the chain; when every tier left is busy, the first busy one takes it")
     max_connections: int = Field(256, gt=0)
     max_model_len: int | None = Field(None, gt=0, description="context length, if known (else the upstream checks)")
     transport: Literal["pooled", "httpcore"] = Field(

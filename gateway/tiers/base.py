@@ -71,6 +71,12 @@ class Tier:
     def ready(self) -> bool:
         return self.state == "ready"
 
+    @property
+    def busy(self) -> bool:
+        """At its `max_in_flight`: routing prefers the next tier of the chain."""
+        limit = getattr(self.config, "max_in_flight", None)
+        return limit is not None and self.in_flight >= limit
+
     def unusable_reason(self) -> str | None:
         if self.state == "ready":
             return None

@@ -86,10 +86,13 @@ tiers:
   picky: {{kind: upstream, base_url: "{scripted}", model: bad400}}
   slow: {{kind: upstream, base_url: "{scripted}", model: slow, read_timeout_s: 5}}
   up: {{kind: upstream, base_url: "{instant}", model: instant}}
+  capped: {{kind: upstream, base_url: "{scripted}", model: slow, read_timeout_s: 5, max_in_flight: 1}}
 models:
   flaky-first: {{chain: [flaky, up]}}
   picky-first: {{chain: [picky, up]}}
   slow: {{chain: [slow]}}
+  capped-first: {{chain: [capped, up]}}
+  capped-only: {{chain: [capped]}}
 {extra_model}
 """
 
@@ -122,6 +125,45 @@ def test_server_error_falls_back_before_any_byte(setup):
     chunks = list(_client(gw).chat.completions.create(model="flaky-first", messages=MSG, stream=True))
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == ANSWER
     assert scripted.requests[-1]["stream"] is True and scripted.requests[-1]["model"] == "fail500"
+
+
+class _HeldStream:
+    """A streamed request kept open after its first chunk (the scripted `slow` stream never ends)."""
+
+    def __init__(self, gw, model: str):
+        self._ctx = httpx.stream("POST", f"{gw.base}/v1/chat/completions", timeout=10,
+                                 json={"model": model, "messages": MSG, "stream": True})
+        self.response = self._ctx.__enter__()
+        assert self.response.status_code == 200
+        self._chunks = self.response.iter_raw()      # kept: dropping the iterator closes the stream
+        next(self._chunks)
+        self.tier = self.response.headers["x-tiergate-tier"]
+
+    def close(self) -> None:
+        self._ctx.__exit__(None, None, None)
+
+
+def test_a_tier_at_its_max_in_flight_overflows_to_the_next_one(setup):
+    gw, *_ = setup
+    capped = gw.runtime.tiers["capped"]
+    held = _HeldStream(gw, "capped-first")
+    try:
+        assert held.tier == "capped" and capped.in_flight == 1
+        resp = _client(gw).chat.completions.with_raw_response.create(model="capped-first", messages=MSG)
+        assert resp.headers["x-tiergate-tier"] == "up"
+        assert resp.headers["x-tiergate-fallbacks"] == "capped: busy (1 calls in flight)"
+        # Every tier of the chain busy: the request waits its turn on the first, it is not refused.
+        queued = _HeldStream(gw, "capped-only")
+        assert queued.tier == "capped" and capped.in_flight == 2
+        queued.close()
+    finally:
+        held.close()
+    deadline = time.time() + 5                 # the closed streams leave the tier's in-flight count
+    while capped.in_flight and time.time() < deadline:
+        time.sleep(0.02)
+    again = _HeldStream(gw, "capped-first")
+    assert again.tier == "capped"
+    again.close()
 
 
 def test_client_error_from_upstream_is_passed_through_not_retried(setup):
