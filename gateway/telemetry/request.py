@@ -211,6 +211,8 @@ def _skip_reason(why: str) -> str:
         return "breaker_open"
     if "limit" in why:
         return "tier_budget"
+    if why.startswith("busy"):
+        return "tier_busy"
     return "skipped"
 
 

@@ -283,3 +283,12 @@ def _everything(spans) -> str:
             parts.append(e.name)
             parts.extend(f"{k}={v}" for k, v in (e.attributes or {}).items())
     return "\n".join(parts)
+
+
+@pytest.mark.parametrize("why, reason", [
+    ("still loading", "not_ready"), ("failed: no weights", "not_ready"),
+    ("circuit breaker open (retry in 1.0s)", "breaker_open"), ("tpm limit of the tier reached", "tier_budget"),
+    ("busy (8 calls in flight)", "tier_busy"), ("something new", "skipped")])
+def test_fallback_reasons_are_a_small_fixed_set(why, reason):
+    from gateway.telemetry.request import _skip_reason
+    assert _skip_reason(why) == reason
