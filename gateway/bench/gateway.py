@@ -15,9 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -29,16 +26,13 @@ from rich.table import Table
 from gateway.bench.common import machine_info, percentiles, write_json
 from gateway.bench.gateway_limits import limits_yaml, start_redis
 from gateway.bench.gateway_loadgen import PhaseResult, build_request, run_phase, wait_http
+from gateway.bench.processes import cpu_seconds, free_port, loadavg, start_process, stop_processes
 from policies.config import hash_api_key
 
 BARS = {"p50": 1.0, "p99": 5.0}
 _KEY = "bench-key-interactive"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _gateway_config(upstream_port: int, gateway_port: int, redis_url: str | None) -> str:
@@ -91,9 +85,6 @@ def _payloads(stream_share: float) -> list[bytes]:
     return out
 
 
-def _loadavg() -> list[float]:
-    # The CPU is shared: other work on the machine shows up here and in the tails.
-    return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
 
 
 def _run_loop(coro):
@@ -104,14 +95,8 @@ def _run_loop(coro):
     return uvloop.run(coro)
 
 
-def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _start(cmd: list[str], log_path: Path) -> subprocess.Popen:
-    log = open(log_path, "w")  # noqa: SIM115 - the child writes to it until terminated
-    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=Path(__file__).resolve().parents[2])
 
 
 def _summary(results: list[PhaseResult], cpu_s: float | None) -> dict:
@@ -144,11 +129,11 @@ async def _measure(targets: dict[str, tuple[int, int | None]], payloads: list[by
     for r in range(rounds):
         for name in names[r % len(names):] + names[:r % len(names)]:
             port, pid = targets[name]
-            before = _cpu_seconds(pid) if pid else 0.0
+            before = cpu_seconds(pid) if pid else 0.0
             result = await run_phase("127.0.0.1", port, payloads, rate, seconds)
             results[name].append(result)
             if pid:
-                cpu[name] += _cpu_seconds(pid) - before
+                cpu[name] += cpu_seconds(pid) - before
             p = percentiles(result.latencies_ms)
             console.print(f"round {r + 1} {name:14s} p50 {p['p50']:.3f} ms  p99 {p['p99']:.3f} ms  "
                           f"errors {result.errors}")
@@ -158,10 +143,10 @@ async def _measure(targets: dict[str, tuple[int, int | None]], payloads: list[by
 def run_gateway_bench(json_out: str, rate: float, seconds: float, rounds: int, stream_share: float) -> int:
     console = Console(stderr=True)
     workdir = Path(tempfile.mkdtemp(prefix="tiergate-bench-gw-"))
-    up_port, gw_port, redis_gw_port, redis_port = _free_port(), _free_port(), _free_port(), _free_port()
+    up_port, gw_port, redis_gw_port, redis_port = free_port(), free_port(), free_port(), free_port()
     procs = []
     try:
-        procs.append(_start([sys.executable, "-m", "gateway.bench.gateway_upstream", "--port", str(up_port)],
+        procs.append(start_process([sys.executable, "-m", "gateway.bench.gateway_upstream", "--port", str(up_port)],
                             workdir / "upstream.log"))
         gateways = {"gateway": (gw_port, None)}
         redis = start_redis(redis_port, workdir)
@@ -174,7 +159,7 @@ def run_gateway_bench(json_out: str, rate: float, seconds: float, rounds: int, s
         for name, (port, redis_url) in gateways.items():
             cfg_path = workdir / f"{name}.yaml"
             cfg_path.write_text(_gateway_config(up_port, port, redis_url))
-            proc = _start([sys.executable, "-m", "gateway.cli", "serve", "--config", str(cfg_path)],
+            proc = start_process([sys.executable, "-m", "gateway.cli", "serve", "--config", str(cfg_path)],
                           workdir / f"{name}.log")
             procs.append(proc)
             targets[name] = (port, proc.pid)
@@ -184,22 +169,16 @@ def run_gateway_bench(json_out: str, rate: float, seconds: float, rounds: int, s
                 return 1
         console.print(f"upstream :{up_port}, {', '.join(f'{n} :{p}' for n, (p, _) in gateways.items())}; "
                       f"{rounds} rounds x {seconds:.0f} s per side at {rate:.0f} req/s")
-        load_before = _loadavg()
+        load_before = loadavg()
         # One pass per gateway, each against its own direct phases: an overloaded variant
         # (Redis on a small machine) must not spill into the other's figures.
         passes = {}
         for name in gateways:
             pair = {"direct": targets["direct"], name: targets[name]}
             passes[name] = _run_loop(_measure(pair, _payloads(stream_share), rate, seconds, rounds, console))
-        load_after = _loadavg()
+        load_after = loadavg()
     finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_processes(procs)
 
     def compared(name: str) -> dict:
         direct, side = passes[name]["direct"], passes[name][name]

@@ -18,8 +18,6 @@ import asyncio
 import json
 import multiprocessing
 import os
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -27,17 +25,13 @@ from pathlib import Path
 
 from gateway.bench.common import machine_info, percentiles, write_json
 from gateway.bench.gateway_loadgen import PhaseResult, build_request, run_phase, wait_http
+from gateway.bench.processes import cpu_seconds, free_port, loadavg, start_process, stop_processes
 from gateway.bench.telemetry_overhead import _serve_sink
 from policies.config import hash_api_key
 
-ROOT = Path(__file__).resolve().parents[2]
 _KEY = "bench-key-tracing"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _gateway_config(upstream_port: int, gateway_port: int) -> str:
@@ -84,19 +78,10 @@ def _payloads() -> list[bytes]:
     return out
 
 
-def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _loadavg() -> list[float]:
-    # The CPU is shared: other work on the machine shows up here and in the tails.
-    return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
 
 
-def _start(cmd: list[str], log_path: Path, env: dict[str, str]) -> subprocess.Popen:
-    log = open(log_path, "w")  # noqa: SIM115 - the child writes to it until terminated
-    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
 
 
 def _summary(results: list[PhaseResult], cpu_s: float) -> dict:
@@ -116,10 +101,10 @@ async def _measure(ports: dict[str, int], pids: dict[str, int], payloads: list[b
     names = list(ports)
     for r in range(rounds):
         for name in names if r % 2 == 0 else names[::-1]:
-            before = _cpu_seconds(pids[name])
+            before = cpu_seconds(pids[name])
             result = await run_phase("127.0.0.1", ports[name], payloads, rate, seconds)
             await asyncio.sleep(0.5)   # the batch exporter's last export of the phase counts too
-            cpu[name] += _cpu_seconds(pids[name]) - before
+            cpu[name] += cpu_seconds(pids[name]) - before
             results[name].append(result)
             p = percentiles(result.latencies_ms)
             print(f"round {r + 1} tracing {name:3s} p50 {p['p50']:.3f} ms  p99 {p['p99']:.3f} ms  "
@@ -137,33 +122,27 @@ def run(json_out: str | None, rate: float, seconds: float, rounds: int) -> dict:
     base_env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     envs = {"off": base_env, "on": {**base_env, "OTEL_TRACES_EXPORTER": "otlp",
                                     "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint}}
-    up_port = _free_port()
-    ports = {name: _free_port() for name in envs}
-    procs = [_start([sys.executable, "-m", "gateway.bench.gateway_upstream", "--port", str(up_port)],
+    up_port = free_port()
+    ports = {name: free_port() for name in envs}
+    procs = [start_process([sys.executable, "-m", "gateway.bench.gateway_upstream", "--port", str(up_port)],
                     workdir / "upstream.log", base_env)]
     pids = {}
     try:
         for name, env in envs.items():
             cfg = workdir / f"gateway-{name}.yaml"
             cfg.write_text(_gateway_config(up_port, ports[name]))
-            proc = _start([sys.executable, "-m", "gateway.cli", "serve", "--config", str(cfg)],
+            proc = start_process([sys.executable, "-m", "gateway.cli", "serve", "--config", str(cfg)],
                           workdir / f"gateway-{name}.log", env)
             procs.append(proc)
             pids[name] = proc.pid
         for port, path in ((up_port, "/healthz"), *((p, "/readyz") for p in ports.values())):
             if not asyncio.run(wait_http("127.0.0.1", port, path, 60)):
                 raise RuntimeError(f"server on port {port} did not come up; logs in {workdir}")
-        load_before = _loadavg()
+        load_before = loadavg()
         sides = asyncio.run(_measure(ports, pids, _payloads(), rate, seconds, rounds))
-        load_after = _loadavg()
+        load_after = loadavg()
     finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_processes(procs)
         sink.terminate()
         sink.join(timeout=10)
     off, on = sides["off"], sides["on"]
