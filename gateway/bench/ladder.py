@@ -70,13 +70,10 @@ def _serve(engine: LLMEngine, prompts: dict[str, list[int]], lengths: dict[str, 
     started = time.perf_counter()
     arrivals = {}
     order = list(prompts)
-    pending = order if not one_at_a_time else []
-    for rid in pending:
-        engine.add_request(rid, prompts[rid], SamplingParams(max_tokens=lengths[rid], temperature=0, ignore_eos=True))
-        arrivals[rid] = started
-    queue = [] if not one_at_a_time else list(order)
+    queue = list(order)
     while engine.has_unfinished() or queue:
-        if not engine.has_unfinished():
+        # All at once (throughput view), or the next one when the engine is idle (latency view).
+        while queue and not (one_at_a_time and engine.has_unfinished()):
             rid = queue.pop(0)
             arrivals[rid] = time.perf_counter()
             engine.add_request(rid, prompts[rid], SamplingParams(max_tokens=lengths[rid], temperature=0,
