@@ -17,10 +17,12 @@ import torch.nn.functional as F
 from kernels.reference import paged_attention_ref, write_kv_int8_ref, write_kv_ref
 from kernels.reference_gemm import fp8_linear_ref, w4a16_linear_ref, w8a16_linear_ref
 from kernels.reference_rope import apply_rope_ref
+from kernels.triton._common import num_sms
 from kernels.triton.attention_ops import TritonAttentionOps
 from kernels.triton.decode_attention import paged_decode_attention
 from kernels.triton.elementwise import add_rms_norm_triton, apply_rope_triton, silu_mul_triton
 from kernels.triton.extend_attention import paged_extend_attention
+from kernels.triton.gemm_common import plan_gemm
 from kernels.triton.gemm_fp8 import fp8_linear
 from kernels.triton.gemm_weight_only import w4a16_linear, w8a16_linear
 from kernels.triton.store_kv import write_kv_quantized_triton, write_kv_triton
@@ -212,6 +214,13 @@ def gemm_cases(device, small: bool) -> list[Case]:
                     out.append(Case(f"gemm_{kernel}", f"{model} M={mm} N={n} K={k}", run,
                                     lambda r=run, f=ref: _rel_err(r(), f()), 1e-2, bytes=wbytes + act,
                                     flops=2 * mm * n * k, baseline=base, info={"model": model, "M": mm}))
+                if mm == 1:     # the tensor-core tiles the GEMV replaced at batch 1, for comparison
+                    tiles = plan_gemm(1, n, k, group, num_sms(x.device))
+                    run = lambda x=x, a=(q4, s4, z4, group), p=tiles: w4a16_linear(x, *a, plan=p)
+                    out.append(Case("gemm_w4a16_tiles", f"{model} M=1 N={n} K={k}", run,
+                                    lambda r=run, a=(q4, s4, z4, group), x=x: _rel_err(r(), w4a16_linear_ref(x, *a)),
+                                    1e-2, bytes=n * k // 2 + 8 * n * k // group + 2 * (k + n), flops=2 * n * k,
+                                    baseline=base, info={"model": model, "M": 1}))
     return out
 
 

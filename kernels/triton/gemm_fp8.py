@@ -91,5 +91,6 @@ def fp8_linear(x: torch.Tensor, qweight: torch.Tensor, weight_scale: torch.Tenso
             a, qweight, a_scale, weight_scale, bias if bias is not None else weight_scale, out, m, n, k,
             plan.k_per_split, a.stride(0), qweight.stride(0), *output_strides(out, plan),
             BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, BLOCK_K=plan.block_k, UPCAST=interpreting(),
-            HAS_BIAS=bias is not None, SPLIT=plan.split_k > 1, EMULATE_RNE=interpreting())
+            HAS_BIAS=bias is not None, SPLIT=plan.split_k > 1, EMULATE_RNE=interpreting(),
+            num_warps=plan.num_warps)
     return finish(out, plan, bias, x.dtype).view(*x.shape[:-1], n)

@@ -5,7 +5,8 @@ INT4 GPU layout = the portable form of engines/quantization/int4.py: nibbles [N,
 w = (q - 8) * scale + zero. HF AWQ checkpoints are converted to it at load
 (engines/loaders/hf_awq.py), so one kernel serves both. Even and odd input columns are
 multiplied with the low and high nibbles separately, so nibbles are never interleaved.
-A tile of BLOCK_K columns lies in one group (BLOCK_K divides the group size).
+A tile of BLOCK_K columns lies in one group (BLOCK_K divides the group size). One input
+row (batch-1 decode) takes the GEMV in kernels/triton/gemv_int4.py instead.
 INT8: int8 [N, K] with one scale per output channel, applied once to the accumulator.
 """
 
@@ -17,6 +18,7 @@ import triton.language as tl
 
 from kernels.triton._common import interpreting, num_sms, upcast_dots
 from kernels.triton.gemm_common import GemmPlan, finish, gemm_output, output_strides, plan_gemm, store_tile
+from kernels.triton.gemv_int4 import launch_w4a16_gemv, plan_gemv
 
 
 @triton.jit
@@ -46,8 +48,9 @@ def _w4a16_kernel(x_ptr, q_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, M, N, K, k_per_
         x_even = tl.load(x_ptr + rm[:, None] * sx_m + even[None, :], mask=m_ok[:, None] & (even < K)[None, :], other=0.0)
         x_odd = tl.load(x_ptr + rm[:, None] * sx_m + even[None, :] + 1, mask=m_ok[:, None] & (even + 1 < K)[None, :],
                         other=0.0)
-        packed = tl.load(q_ptr + rn[:, None] * sq_n + (k0 // 2 + half)[None, :],
-                         mask=n_ok[:, None] & (even < K)[None, :], other=0)
+        # Row mask only: the weight is padded to whole groups (no tile reads past it) and a
+        # mask constant along K keeps the load vectorized; zero inputs cancel the padding.
+        packed = tl.load(q_ptr + rn[:, None] * sq_n + (k0 // 2 + half)[None, :], mask=n_ok[:, None], other=0)
         group = k0 // GROUP
         scale = tl.load(s_ptr + rn * ss_n + group, mask=n_ok, other=0.0).to(tl.float32)[:, None]
         zero = tl.load(z_ptr + rn * sz_n + group, mask=n_ok, other=0.0).to(tl.float32)[:, None]
@@ -86,8 +89,11 @@ def _flat(x: torch.Tensor) -> torch.Tensor:
 
 
 def w4a16_plan(m: int, n: int, k: int, group_size: int, device: torch.device) -> GemmPlan:
+    """The GEMV (block_m 1) for one row, tensor-core tiles for more."""
     if group_size < 32 or group_size & (group_size - 1):
         raise ValueError(f"W4A16 kernel: group size {group_size} must be a power of two >= 32")
+    if m == 1:
+        return plan_gemv(n, k, min(group_size, 128), num_sms(device))
     return plan_gemm(m, n, k, min(group_size, 128), num_sms(device))
 
 
@@ -102,13 +108,17 @@ def w4a16_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, z
         raise ValueError(f"W4A16: input width {k} exceeds the weight's {2 * qweight.shape[1]}")
     plan = plan or w4a16_plan(m, n, k, group_size, x.device)
     out = gemm_output(plan, m, n, x.dtype, x.device)
-    if m:
+    if plan.block_m == 1:
+        if m != 1:
+            raise ValueError(f"W4A16: a GEMV plan takes one row, got {m}")
+        launch_w4a16_gemv(flat, qweight, scales, zeros, group_size, bias, out, plan, interpreting())
+    elif m:
         _w4a16_kernel[plan.grid(m, n)](
             flat, qweight, scales, zeros, bias if bias is not None else scales, out, m, n, k, plan.k_per_split,
             flat.stride(0), qweight.stride(0), scales.stride(0), zeros.stride(0), *output_strides(out, plan),
             GROUP=group_size, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, BLOCK_K=plan.block_k,
             UPCAST=upcast_dots(x.dtype), HAS_BIAS=bias is not None, SPLIT=plan.split_k > 1,
-            EMULATE_RNE=interpreting())
+            EMULATE_RNE=interpreting(), num_warps=plan.num_warps)
     return finish(out, plan, bias, x.dtype).view(*x.shape[:-1], n)
 
 
@@ -125,5 +135,6 @@ def w8a16_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
             flat, qweight, scales, bias if bias is not None else scales, out, m, n, k, plan.k_per_split,
             flat.stride(0), qweight.stride(0), *output_strides(out, plan),
             BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, BLOCK_K=plan.block_k, UPCAST=upcast_dots(x.dtype),
-            HAS_BIAS=bias is not None, SPLIT=plan.split_k > 1, EMULATE_RNE=interpreting())
+            HAS_BIAS=bias is not None, SPLIT=plan.split_k > 1, EMULATE_RNE=interpreting(),
+            num_warps=plan.num_warps)
     return finish(out, plan, bias, x.dtype).view(*x.shape[:-1], n)

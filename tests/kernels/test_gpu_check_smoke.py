@@ -17,8 +17,8 @@ def test_gpu_check_smoke_run_reports_every_kernel(tmp_path):
     assert main(["--smoke", "--json", str(out)]) == 0
     report = json.loads(out.read_text())
     kernels = {row["kernel"] for row in report["cases"]}
-    assert kernels == {"store_kv", "decode_attention", "extend_attention", "gemm_w4a16", "gemm_w8a16", "gemm_fp8",
-                       "add_rms_norm", "silu_mul", "rope"}
+    assert kernels == {"store_kv", "decode_attention", "extend_attention", "gemm_w4a16", "gemm_w4a16_tiles",
+                       "gemm_w8a16", "gemm_fp8", "add_rms_norm", "silu_mul", "rope"}
     assert all(row["ok"] and row["ms"] > 0 for row in report["cases"])
     assert report["ceilings"]["copy_GBps"] > 0 and report["machine"]["triton"]
     # The whole-engine section ran its script (on the CPU both sides are the CPU path).

@@ -1,7 +1,7 @@
 """Quantized GEMM kernels equal their references (kernels/reference_gemm.py) under the
 interpreter, on the weights our quantization modules and the HF AWQ loader produce:
-W4A16 (group-wise INT4, padded input width), W8A16, FP8 with per-token e4m3 activations.
-Batch 1, ragged rows/columns, forced split-K."""
+W4A16 (group-wise INT4, padded input width; its batch-1 GEMV too), W8A16, FP8 with per-token
+e4m3 activations. Batch 1, ragged rows/columns, forced split-K."""
 
 from __future__ import annotations
 
@@ -25,7 +25,8 @@ from kernels.reference_gemm import (
 )
 from kernels.triton.gemm_common import GemmPlan, plan_gemm
 from kernels.triton.gemm_fp8 import fp8_linear, quantize_rows_fp8
-from kernels.triton.gemm_weight_only import w4a16_linear, w8a16_linear
+from kernels.triton.gemm_weight_only import w4a16_linear, w4a16_plan, w8a16_linear
+from kernels.triton.gemv_int4 import PROGRAMS_PER_SM, plan_gemv
 
 SHAPES = [(1, 96, 128), (5, 70, 200), (33, 130, 256)]          # (rows, out, in): batch 1 and ragged
 
@@ -146,6 +147,43 @@ def test_split_k_partials_add_up(split_k):
     f8 = Fp8Linear(w, b)
     torch.testing.assert_close(fp8_linear(x, f8.qweight, f8.weight_scale, f8.bias, plan=plan),
                                fp8_linear_ref(x, f8.qweight, f8.weight_scale, f8.bias), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("group", [32, 128])
+def test_w4a16_gemv_split_k_over_ragged_shapes(dtype, group):
+    """One row: the GEMV, with K split as on a GPU (here 7 splits of a 1000-wide input padded
+    to the group, the last split shorter), ragged N, bias; equal to the reference and, in fp32,
+    to the dequantized matmul."""
+    w, x, b = _data(1, 70, 1000, dtype, seed=6)
+    q, scales, zeros, dense = _int4(w, group)
+    plan = plan_gemv(70, 1000, group, sms=132)
+    assert plan.block_m == 1 and plan.split_k > 1
+    got = w4a16_linear(x, q, scales, zeros, group, b, plan=plan)
+    _close(got, w4a16_linear_ref(x, q, scales, zeros, group, b), dtype)
+    single = w4a16_linear(x, q, scales, zeros, group, b)        # interpreter plan: one split
+    _close(got, single, dtype)
+    if dtype == torch.float32:
+        torch.testing.assert_close(got, x @ dense[:, :1000].t() + b, atol=1e-4, rtol=1e-4)
+
+
+def test_w4a16_batch1_takes_the_gemv_and_fills_the_gpu():
+    h200 = 132
+    for n, k in ((6144, 4096), (28672, 4096), (4096, 14336)):      # Llama-8B qkv, gate_up, down
+        plan = w4a16_plan(1, n, k, 128, torch.device("cpu"))
+        assert plan.block_m == 1 and plan.split_k == 1              # interpreter: one program per tile
+        gpu = plan_gemv(n, k, 128, h200)
+        programs = -(-n // gpu.block_n) * gpu.split_k
+        assert programs >= (PROGRAMS_PER_SM - 1) * h200                # rounding the split may lose a few
+        assert gpu.k_per_split % 128 == 0 and gpu.split_k * gpu.k_per_split >= k > (gpu.split_k - 1) * gpu.k_per_split
+    assert w4a16_plan(2, 6144, 4096, 128, torch.device("cpu")).block_m == 16
+
+
+def test_w4a16_gemv_plan_refuses_several_rows():
+    w, x, b = _data(3, 40, 128, torch.float32)
+    q, scales, zeros, _ = _int4(w, 64)
+    with pytest.raises(ValueError, match="one row"):
+        w4a16_linear(x, q, scales, zeros, 64, b, plan=plan_gemv(40, 128, 64, sms=1))
 
 
 def test_w4a16_rejects_group_sizes_the_kernel_cannot_tile():
