@@ -123,3 +123,37 @@ def test_quantized_linears_run_the_triton_gemms_inside_the_model(tiny_path, meth
     expected = {"int8": "w8a16_linear", "int4-rtn": "w4a16_linear", "fp8": "fp8_linear"}[method]
     assert calls == {expected: 2 * 4}                      # 2 layers x (qkv, o, gate_up, down)
     assert (triton_logits - cpu).abs().max() < tol
+
+
+def test_int4_engine_decodes_batch1_through_the_gemv_with_the_reference_paths_tokens(tiny_path, monkeypatch):
+    """One sequence: prefill chunks run the W4A16 tiles, every decode step the batch-1 GEMV.
+    Greedy tokens equal those of the torch reference W4A16 (the nibble form dequantized, fp32),
+    which the INT4 layers take once their CPU pack is dropped."""
+    from engines.quantization import quantize_model
+    from engines.quantization.int4 import Int4Linear
+    from kernels.triton import gemm_weight_only
+
+    def generate():
+        loaded = load_model(tiny_path, "float32")
+        quantize_model(loaded.model, "int4-rtn", 32, progress=False)
+        for module in loaded.model.modules():
+            if isinstance(module, Int4Linear):
+                module.drop_cpu_pack()
+        engine = LLMEngine(loaded, EngineConfig(kv_cache_memory_bytes=2**20, block_size=16, max_num_seqs=1,
+                                                max_num_batched_tokens=32))
+        return engine.generate([_prompts()[1][1]], SamplingParams(max_tokens=MAX_TOKENS, temperature=0,
+                                                                   ignore_eos=True))
+
+    reference = generate()
+    gemv_rows = collections.Counter()
+    real = gemm_weight_only.launch_w4a16_gemv
+    monkeypatch.setattr(gemm_weight_only, "launch_w4a16_gemv",
+                        lambda x, *a: gemv_rows.update([x.shape[0]]) or real(x, *a))
+    monkeypatch.setenv("TIERGATE_KERNELS", "triton")
+    kernel_choice.cache_clear()
+    try:
+        outputs = generate()
+    finally:
+        kernel_choice.cache_clear()
+    assert outputs == reference and len(outputs[0]) == MAX_TOKENS
+    assert gemv_rows == {1: (MAX_TOKENS - 1) * 2 * 4}     # each decode step: 2 layers x (qkv, o, gate_up, down)
