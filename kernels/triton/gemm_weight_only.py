@@ -44,10 +44,11 @@ def _w4a16_kernel(x_ptr, q_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, M, N, K, k_per_
     k_start = pid_k * k_per_split
     k_end = tl.minimum(K, k_start + k_per_split)
     for k0 in range(k_start, k_end, BLOCK_K):
-        even = k0 + 2 * half
-        x_even = tl.load(x_ptr + rm[:, None] * sx_m + even[None, :], mask=m_ok[:, None] & (even < K)[None, :], other=0.0)
-        x_odd = tl.load(x_ptr + rm[:, None] * sx_m + even[None, :] + 1, mask=m_ok[:, None] & (even + 1 < K)[None, :],
-                        other=0.0)
+        # One contiguous load, split into even and odd columns in registers (two strided
+        # loads were 2-byte scalar loads, too narrow for the asynchronous copy pipeline).
+        cols = k0 + tl.arange(0, BLOCK_K)
+        x = tl.load(x_ptr + rm[:, None] * sx_m + cols[None, :], mask=m_ok[:, None] & (cols < K)[None, :], other=0.0)
+        x_even, x_odd = tl.split(tl.reshape(x, [BLOCK_M, BLOCK_K // 2, 2]))
         # Row mask only: the weight is padded to whole groups (no tile reads past it) and a
         # mask constant along K keeps the load vectorized; zero inputs cancel the padding.
         packed = tl.load(q_ptr + rn[:, None] * sq_n + (k0 // 2 + half)[None, :], mask=n_ok[:, None], other=0)
