@@ -1,8 +1,8 @@
 """Compile every Triton kernel the engine launches for a GPU target, without a GPU (ptxas
 ships with triton): the interpreter never runs the compiled branches (native bf16/FP8
 dots, hardware casts) nor the layout rules of real codegen, so this catches what the CPU
-tests cannot. Reports registers, spills (local memory or a stack frame) and shared memory
-per compiled variant.
+tests cannot. Reports registers, spills (local memory or a stack frame), shared memory and
+the width of the global loads per compiled variant.
 
 The variants are not listed by hand: bench/gpu_check's cases (SmolLM2 and Llama-8B sizes,
 every kernel, the dispatched ops) run on CPU tensors of the real sizes under
@@ -54,6 +54,19 @@ def recorded_launches(arch: int, sms: int) -> list[tuple[str, object]]:
     return list(seen.values())
 
 
+def load_widths(ptx: str) -> dict[str, int]:
+    """Global loads in the PTX by bytes per thread (plain and asynchronous copies alike):
+    16 means full vectors, 1 or 2 scalar loads."""
+    widths: dict[str, int] = {}
+    for lanes, bits in re.findall(r"ld\.global[\w.:]*?(?:\.v(\d))?\.b(\d+)\b", ptx):
+        key = str(int(lanes or 1) * int(bits) // 8)
+        widths[key] = widths.get(key, 0) + 1
+    for size in re.findall(r"cp\.async\.c[ag]\.shared\.global \[[^]]*\], \[[^]]*\], (0x[0-9a-f]+)", ptx):
+        key = str(int(size, 16))
+        widths[key] = widths.get(key, 0) + 1
+    return widths
+
+
 def resource_usage(cubin: bytes, cuobjdump: Path) -> dict:
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
@@ -91,7 +104,8 @@ def main(argv: list[str] | None = None) -> int:
             compiled = triton.compile(ASTSource(launch.fn, launch.signature, launch.constexprs, launch.attrs),
                                       target=target,
                                       options={"num_warps": launch.num_warps, "num_stages": launch.num_stages})
-            row.update(resource_usage(compiled.asm["cubin"], cuobjdump), shared_bytes=compiled.metadata.shared)
+            row.update(resource_usage(compiled.asm["cubin"], cuobjdump), shared_bytes=compiled.metadata.shared,
+                       load_bytes=load_widths(compiled.asm["ptx"]))
             row["ok"] = (row.get("local", 0) == 0 and row.get("stack", 0) == 0
                          and compiled.metadata.shared <= SHARED_LIMIT.get(args.arch, 99 * 1024))
         except Exception as exc:  # noqa: BLE001  report every variant, then fail

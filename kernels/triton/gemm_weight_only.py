@@ -44,14 +44,16 @@ def _w4a16_kernel(x_ptr, q_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, M, N, K, k_per_
     k_start = pid_k * k_per_split
     k_end = tl.minimum(K, k_start + k_per_split)
     for k0 in range(k_start, k_end, BLOCK_K):
+        k0 = tl.multiple_of(k0, BLOCK_K)        # alignment hints: see kernels/triton/gemv_int4.py
         # One contiguous load, split into even and odd columns in registers (two strided
         # loads were 2-byte scalar loads, too narrow for the asynchronous copy pipeline).
         cols = k0 + tl.arange(0, BLOCK_K)
         x = tl.load(x_ptr + rm[:, None] * sx_m + cols[None, :], mask=m_ok[:, None] & (cols < K)[None, :], other=0.0)
         x_even, x_odd = tl.split(tl.reshape(x, [BLOCK_M, BLOCK_K // 2, 2]))
-        # Row mask only: the weight is padded to whole groups (no tile reads past it) and a
-        # mask constant along K keeps the load vectorized; zero inputs cancel the padding.
-        packed = tl.load(q_ptr + rn[:, None] * sq_n + (k0 // 2 + half)[None, :], mask=n_ok[:, None], other=0)
+        # Row mask only: the weight is padded to whole groups (no tile reads past it); zero
+        # inputs cancel the padding.
+        kp = tl.multiple_of(k0 // 2, BLOCK_K // 2)
+        packed = tl.load(q_ptr + rn[:, None] * sq_n + (kp + half)[None, :], mask=n_ok[:, None], other=0)
         group = k0 // GROUP
         scale = tl.load(s_ptr + rn * ss_n + group, mask=n_ok, other=0.0).to(tl.float32)[:, None]
         zero = tl.load(z_ptr + rn * sz_n + group, mask=n_ok, other=0.0).to(tl.float32)[:, None]
@@ -108,6 +110,9 @@ def w4a16_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, z
     if 2 * qweight.shape[1] < k:
         raise ValueError(f"W4A16: input width {k} exceeds the weight's {2 * qweight.shape[1]}")
     plan = plan or w4a16_plan(m, n, k, group_size, x.device)
+    if plan.k_per_split % plan.block_k or group_size % plan.block_k:
+        raise ValueError(f"W4A16: tiles of {plan.block_k} columns must divide the split ({plan.k_per_split}) "
+                         f"and the group ({group_size})")    # the kernels' alignment hints assume both
     out = gemm_output(plan, m, n, x.dtype, x.device)
     if plan.block_m == 1:
         if m != 1:

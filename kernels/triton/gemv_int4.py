@@ -38,13 +38,17 @@ def _w4a16_gemv_kernel(x_ptr, q_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, N, K, k_pe
     k_start = pid_k * k_per_split
     k_end = tl.minimum(K, k_start + k_per_split)
     for k0 in range(k_start, k_end, BLOCK_K):
+        # Splits start on a tile boundary. Triton's alignment analysis knows integers only to
+        # be multiples of 16 and loses that through k0 // 2: the hints keep the weight loads
+        # 16-byte vectors (8-byte without them, bench/compile_check.py's PTX).
+        k0 = tl.multiple_of(k0, BLOCK_K)
         cols = k0 + tl.arange(0, BLOCK_K)
         x = tl.load(x_ptr + cols, mask=cols < K, other=0.0).to(tl.float32)
         x_even, x_odd = tl.split(tl.reshape(x, [BLOCK_K // 2, 2]))
         # No K mask: the weight is padded to whole groups, so a tile that starts below K is
-        # all in bounds (zero inputs cancel the padding), and a row-only mask keeps the load
-        # in 16-byte vectors.
-        packed = tl.load(q_ptr + rn[:, None] * sq_n + (k0 // 2 + half)[None, :], mask=n_ok[:, None], other=0,
+        # all in bounds (zero inputs cancel the padding).
+        kp = tl.multiple_of(k0 // 2, BLOCK_K // 2)
+        packed = tl.load(q_ptr + rn[:, None] * sq_n + (kp + half)[None, :], mask=n_ok[:, None], other=0,
                          eviction_policy="evict_first")
         q_dot_x = tl.sum((packed & 15).to(tl.float32) * x_even[None, :]
                          + (packed >> 4).to(tl.float32) * x_odd[None, :], axis=1)

@@ -44,3 +44,10 @@ def test_every_launch_compiles_for_sm90_without_spills(tmp_path):
     # Specialized as real launches are: the batch-1 GEMV of an H200 plan splits K.
     gemv = [v for v in variants if v["kernel"] == "_w4a16_gemv_kernel" and "llama8b" in v["case"]]
     assert gemv and all(v["constexprs"]["SPLIT"] for v in gemv)
+    # Weight and KV streams are 16-byte vector loads: the GEMV's INT4 tiles only with its
+    # alignment hints (8-byte loads without), and nothing streams bytes one at a time.
+    assert all(v["load_bytes"].get("16", 0) >= 2 and "8" not in v["load_bytes"] for v in gemv)
+    for v in variants:
+        assert "1" not in v["load_bytes"], v
+    decode = [v for v in variants if v["kernel"] == "_decode_kernel"]
+    assert all(v["load_bytes"]["16"] > sum(v["load_bytes"].values()) / 2 for v in decode)
