@@ -43,8 +43,8 @@ def recorded_launches(arch: int, sms: int) -> list[tuple[str, object]]:
     device = torch.device("cpu")
     for build in (gpu_cases.store_cases, gpu_cases.attention_cases, gpu_cases.gemm_cases,
                   gpu_cases.elementwise_cases):
-        cases = build(device, small=False)     # one family's tensors at a time
         with recording(arch, sms) as launches:
+            cases = build(device, small=False)     # one family's tensors at a time; plans made here see `sms`
             for case in cases:
                 start = len(launches)
                 case.run()

@@ -191,9 +191,11 @@ def gemm_cases(device, small: bool) -> list[Case]:
             g = torch.Generator().manual_seed(4)
             w = (torch.randn(n, k, generator=g) / k ** 0.5).to(device)
             group = 32 if small else 128
-            q4 = torch.randint(0, 256, (n, k // 2), generator=g, dtype=torch.uint8).to(device)
-            s4 = (torch.rand(n, k // group, generator=g) * 0.01 + 0.005).to(device)
-            z4 = (torch.randn(n, k // group, generator=g) * 0.01).to(device)
+            groups = -(-k // group)            # INT4 weights are padded to whole groups (SmolLM2: 576 -> 640)
+            q4 = torch.randint(0, 256, (n, groups * group // 2), generator=g, dtype=torch.uint8).to(device)
+            s4 = (torch.rand(n, groups, generator=g) * 0.01 + 0.005).to(device)
+            z4 = (torch.randn(n, groups, generator=g) * 0.01).to(device)
+            w4_bytes = q4.numel() + 8 * s4.numel()
             q8 = torch.randint(-127, 128, (n, k), generator=g, dtype=torch.int8).to(device)
             s8 = (w.abs().amax(1) / 127).to(torch.bfloat16)
             f8_scale = (w.abs().amax(1) / 448).float()
@@ -205,7 +207,7 @@ def gemm_cases(device, small: bool) -> list[Case]:
                 act = 2 * mm * (k + n)
                 for kernel, run, ref, wbytes in (
                     ("w4a16", lambda x=x, a=(q4, s4, z4, group): w4a16_linear(x, *a),
-                     lambda x=x, a=(q4, s4, z4, group): w4a16_linear_ref(x, *a), n * k // 2 + 8 * n * k // group),
+                     lambda x=x, a=(q4, s4, z4, group): w4a16_linear_ref(x, *a), w4_bytes),
                     ("w8a16", lambda x=x, a=(q8, s8): w8a16_linear(x, *a),
                      lambda x=x, a=(q8, s8): w8a16_linear_ref(x, *a), n * k + 2 * n),
                     ("fp8", lambda x=x, a=(f8, f8_scale): fp8_linear(x, *a),
@@ -219,7 +221,7 @@ def gemm_cases(device, small: bool) -> list[Case]:
                     run = lambda x=x, a=(q4, s4, z4, group), p=tiles: w4a16_linear(x, *a, plan=p)
                     out.append(Case("gemm_w4a16_tiles", f"{model} M=1 N={n} K={k}", run,
                                     lambda r=run, a=(q4, s4, z4, group), x=x: _rel_err(r(), w4a16_linear_ref(x, *a)),
-                                    1e-2, bytes=n * k // 2 + 8 * n * k // group + 2 * (k + n), flops=2 * n * k,
+                                    1e-2, bytes=w4_bytes + 2 * (k + n), flops=2 * n * k,
                                     baseline=base, info={"model": model, "M": 1}))
     return out
 

@@ -5,7 +5,9 @@ driver answers for a GPU of the given architecture, the JIT specializes every ar
 it does for a real launch (16-byte aligned pointers, integers divisible by 16, integers
 equal to 1 made constants), and a cache hook records that specialization and skips the
 compile and the launch. Plans see `sms` multiprocessors, as on the GPU.
-Kernel outputs are left unwritten: the recorder is for compiling, never for results.
+Kernel outputs are left unwritten: the recorder is for compiling, never for results. Run
+it in a process of its own: each kernel's JIT keeps the stand-in's target for device 0
+after the context exits.
 """
 
 from __future__ import annotations
@@ -63,8 +65,11 @@ def recording(arch: int, sms: int):
                                compile["num_warps"], compile["num_stages"], f"{fn.name}:{key}"))
         return True                                   # skip compiling and launching
 
-    patched = [(m, m.num_sms) for name, m in list(sys.modules.items())
-               if name.startswith("kernels.triton") and hasattr(m, "num_sms")]
+    from kernels.triton import _common
+
+    # Every module that imported the SM count (kernel wrappers, benchmark cases) plans for `sms`.
+    patched = [(m, m.num_sms) for m in list(sys.modules.values())
+               if getattr(m, "num_sms", None) is _common.num_sms]
     previous_hook = knobs.runtime.jit_cache_hook
     previous_driver = driver._active      # None until first use; reset_active() would build a CUDA driver
     driver.set_active(_NoGpuDriver(GPUTarget("cuda", arch, 32)))

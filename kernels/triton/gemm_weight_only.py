@@ -109,6 +109,10 @@ def w4a16_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, z
     n = qweight.shape[0]
     if 2 * qweight.shape[1] < k:
         raise ValueError(f"W4A16: input width {k} exceeds the weight's {2 * qweight.shape[1]}")
+    if 2 * qweight.shape[1] != scales.shape[1] * group_size or scales.shape != zeros.shape:
+        # Tiles read whole groups without a K mask: the weight must be padded to them.
+        raise ValueError(f"W4A16: weight width {2 * qweight.shape[1]} is not {scales.shape[1]} groups of "
+                         f"{group_size} (scales {tuple(scales.shape)}, zeros {tuple(zeros.shape)})")
     plan = plan or w4a16_plan(m, n, k, group_size, x.device)
     if plan.k_per_split % plan.block_k or group_size % plan.block_k:
         raise ValueError(f"W4A16: tiles of {plan.block_k} columns must divide the split ({plan.k_per_split}) "

@@ -83,4 +83,4 @@ def launch_w4a16_gemv(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tens
         x, qweight, scales, zeros, bias if bias is not None else scales, out, n, k, plan.k_per_split,
         qweight.stride(0), scales.stride(0), zeros.stride(0), out.stride(0) if plan.split_k > 1 else 0,
         GROUP=group_size, BLOCK_N=plan.block_n, BLOCK_K=plan.block_k, HAS_BIAS=bias is not None,
-        SPLIT=plan.split_k > 1, EMULATE_RNE=emulate_rne)
+        SPLIT=plan.split_k > 1, EMULATE_RNE=emulate_rne, num_warps=plan.num_warps)

@@ -50,8 +50,8 @@ def _int4(w: torch.Tensor, group: int):
     return pack_nibbles(q), scales, zeros, dequantize_int4(q, scales, zeros, group)
 
 
-@pytest.mark.parametrize("group", [32, 64, 128])
-@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("group", [32, 64, 128, 256])
+@pytest.mark.parametrize("shape", SHAPES + [(70, 40, 512)])     # 70 rows: 64x128 tiles, K steps of 64
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_w4a16_matches_reference(dtype, shape, group):
     m, n, k = shape
@@ -150,11 +150,11 @@ def test_split_k_partials_add_up(split_k):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("group", [32, 128])
+@pytest.mark.parametrize("group", [32, 128, 256])
 def test_w4a16_gemv_split_k_over_ragged_shapes(dtype, group):
-    """One row: the GEMV, with K split as on a GPU (here 7 splits of a 1000-wide input padded
-    to the group, the last split shorter), ragged N, bias; equal to the reference and, in fp32,
-    to the dequantized matmul."""
+    """One row: the GEMV, with K split as on a GPU (a 1000-wide input padded to the group,
+    the last split shorter), ragged N, bias; equal to the reference and, in fp32, to the
+    dequantized matmul."""
     w, x, b = _data(1, 70, 1000, dtype, seed=6)
     q, scales, zeros, dense = _int4(w, group)
     plan = plan_gemv(70, 1000, group, sms=132)
@@ -165,6 +165,23 @@ def test_w4a16_gemv_split_k_over_ragged_shapes(dtype, group):
     _close(got, single, dtype)
     if dtype == torch.float32:
         torch.testing.assert_close(got, x @ dense[:, :1000].t() + b, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("group", [64, 256])
+def test_w4a16_gemv_tiles_narrower_than_a_group(group):
+    """32-column tiles, several per group and several per split: each tile must take its
+    own group's scale and zero."""
+    w, x, b = _data(1, 50, 700, torch.float32, seed=8)
+    q, scales, zeros, dense = _int4(w, group)
+    plan = GemmPlan(block_m=1, block_n=64, block_k=32, split_k=3, k_per_split=8 * 32)
+    got = w4a16_linear(x, q, scales, zeros, group, b, plan=plan)
+    torch.testing.assert_close(got, x @ dense[:, :700].t() + b, atol=1e-4, rtol=1e-4)
+
+
+def test_w4a16_refuses_a_weight_not_padded_to_whole_groups():
+    q = torch.zeros(8, 40, dtype=torch.uint8)                       # 80 columns: not 2 groups of 64
+    with pytest.raises(ValueError, match="groups of 64"):
+        w4a16_linear(torch.zeros(1, 80), q, torch.ones(8, 2), torch.zeros(8, 2), 64)
 
 
 def test_w4a16_batch1_takes_the_gemv_and_fills_the_gpu():
