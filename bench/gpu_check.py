@@ -6,7 +6,7 @@ bf16 matmul). Bars: paged decode attention >= 70 % of the copy bandwidth; W4A16 
 First, the whole engine on CUDA (bench/gpu_check_engine.py): SmolLM2 fp32 greedy tokens equal
 to the CPU path's, bf16 agreement, decode tokens/s at batch 1 and 32.
 
-  bench/gpu_check.sh [OUT.json]                  CUDA machine, under 5 minutes
+  bench/gpu_check.sh [OUT.json] [--no-engine]    CUDA machine, under 5 minutes
   python bench/gpu_check.py --smoke --json X     CPU, under TRITON_INTERPRET=1, tiny shapes:
                                                  checks this script, measures nothing
 Exit status 0 when every case is correct and every bar is met, else 1.
@@ -107,6 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=Path("gpu_check.json"))
     parser.add_argument("--smoke", action="store_true", help="CPU + interpreter, tiny shapes (no figures)")
     parser.add_argument("--only", default="", help="comma-separated kernel families to run ('engine': the whole engine)")
+    parser.add_argument("--no-engine", action="store_true",
+                        help="kernels only: needs nothing but torch and triton (no model, no engine dependencies)")
     args = parser.parse_args(argv)
     if args.smoke:
         os.environ["TRITON_INTERPRET"] = "1"           # before any kernel module is imported
@@ -132,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     args.json.parent.mkdir(parents=True, exist_ok=True)
     wanted = {w for w in args.only.split(",") if w}
-    if not wanted or "engine" in wanted:
+    if (not wanted or "engine" in wanted) and not args.no_engine:
         # First: the end-to-end check is bounded (about a minute) and the kernel rows that follow
         # are written case by case, so a timeout cuts the least.
         from bench.gpu_check_engine import run as run_engine
