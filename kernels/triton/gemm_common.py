@@ -44,11 +44,18 @@ def plan_gemm(m: int, n: int, k: int, block_k: int, sms: int) -> GemmPlan:
         # dequantized operand and accumulator sit at the 255-register cap on sm_90
         # (bench/compile_check.py); 8 warps and 64-wide steps leave it about 150.
         block_n, block_k, warps = 128, min(block_k, 64), 8
-    steps = cdiv(k, block_k)
     tiles = m_tiles * cdiv(n, block_n)
-    split = 1 if tiles >= sms else max(1, min(steps, cdiv(2 * sms, tiles), 32))
+    split = 1 if tiles >= sms else cdiv(2 * sms, tiles)
+    return split_k_plan(block_m, block_n, block_k, k, split, warps)
+
+
+def split_k_plan(block_m: int, block_n: int, block_k: int, k: int, wanted: int, num_warps: int = 4) -> GemmPlan:
+    """A plan splitting K about `wanted` ways (at most 32, at most one per K step), each
+    split a whole number of K steps; the last split may be shorter."""
+    steps = cdiv(k, block_k)
+    split = max(1, min(steps, wanted, 32))
     per_split = cdiv(steps, split) * block_k
-    return GemmPlan(block_m, block_n, block_k, cdiv(k, per_split), per_split, warps)
+    return GemmPlan(block_m, block_n, block_k, cdiv(k, per_split), per_split, num_warps)
 
 
 @triton.jit

@@ -19,15 +19,14 @@ import triton
 import triton.language as tl
 
 from kernels.triton._common import cdiv
-from kernels.triton.gemm_common import GemmPlan
-from kernels.triton.jit_utils import cast_for
+from kernels.triton.gemm_common import GemmPlan, output_strides, split_k_plan, store_tile
 
 BLOCK_N = 64
 PROGRAMS_PER_SM = 8       # enough independent tile loads in flight to stream HBM on Hopper
 
 
 @triton.jit
-def _w4a16_gemv_kernel(x_ptr, q_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, N, K, k_per_split, sq_n, ss_n, sz_n, so_s,
+def _w4a16_gemv_kernel(x_ptr, q_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, N, K, k_per_split, sq_n, ss_n, sz_n, so_s, so_m,
                        GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr,
                        SPLIT: tl.constexpr, EMULATE_RNE: tl.constexpr):
     pid_n, pid_k = tl.program_id(0), tl.program_id(1)
@@ -56,22 +55,15 @@ def _w4a16_gemv_kernel(x_ptr, q_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, N, K, k_pe
         scale = tl.load(s_ptr + rn * ss_n + group, mask=n_ok, other=0.0).to(tl.float32)
         zero = tl.load(z_ptr + rn * sz_n + group, mask=n_ok, other=0.0).to(tl.float32)
         acc += scale * q_dot_x + (zero - 8.0 * scale) * tl.sum(x, axis=0)
-    if SPLIT:
-        tl.store(out_ptr + pid_k * so_s + rn, acc, mask=n_ok)
-    else:
-        if HAS_BIAS:
-            acc += tl.load(bias_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)
-        tl.store(out_ptr + rn, cast_for(out_ptr, acc, EMULATE_RNE), mask=n_ok)
+    store_tile(out_ptr, bias_ptr, acc[None, :], tl.arange(0, 1), rn, pid_k, 1, N, so_s, so_m, HAS_BIAS, SPLIT,
+               EMULATE_RNE)
 
 
 def plan_gemv(n: int, k: int, block_k: int, sms: int) -> GemmPlan:
     """block_m = 1 marks the GEMV. K is split until there are PROGRAMS_PER_SM programs per
     SM (at most 32 splits); on the interpreter (sms = 1) one split."""
-    tiles = cdiv(n, BLOCK_N)
-    steps = cdiv(k, block_k)
-    split = max(1, min(steps, cdiv(PROGRAMS_PER_SM * sms, tiles), 32)) if sms > 1 else 1
-    per_split = cdiv(steps, split) * block_k
-    return GemmPlan(1, BLOCK_N, block_k, cdiv(k, per_split), per_split)
+    wanted = cdiv(PROGRAMS_PER_SM * sms, cdiv(n, BLOCK_N)) if sms > 1 else 1
+    return split_k_plan(1, BLOCK_N, block_k, k, wanted)
 
 
 def launch_w4a16_gemv(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
@@ -81,6 +73,6 @@ def launch_w4a16_gemv(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tens
     n, k = qweight.shape[0], x.shape[1]
     _w4a16_gemv_kernel[(cdiv(n, plan.block_n), plan.split_k)](
         x, qweight, scales, zeros, bias if bias is not None else scales, out, n, k, plan.k_per_split,
-        qweight.stride(0), scales.stride(0), zeros.stride(0), out.stride(0) if plan.split_k > 1 else 0,
+        qweight.stride(0), scales.stride(0), zeros.stride(0), *output_strides(out, plan),
         GROUP=group_size, BLOCK_N=plan.block_n, BLOCK_K=plan.block_k, HAS_BIAS=bias is not None,
         SPLIT=plan.split_k > 1, EMULATE_RNE=emulate_rne, num_warps=plan.num_warps)
