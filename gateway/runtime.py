@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
+from engines.quantization.calibration import CalibrationSource
 from gateway.auth import KeyTable
 from gateway.limits import GatewayLimits
 from gateway.tiers.base import Tier
@@ -20,8 +21,10 @@ from policies.route import Router
 from policies.tier_config import EmbeddedTierConfig
 
 
-def make_tier(name: str, config) -> Tier:
-    return EmbeddedTier(name, config) if isinstance(config, EmbeddedTierConfig) else UpstreamTier(name, config)
+def make_tier(name: str, config, calibration: CalibrationSource | None = None) -> Tier:
+    if isinstance(config, EmbeddedTierConfig):
+        return EmbeddedTier(name, config, calibration)
+    return UpstreamTier(name, config)
 
 
 def same_tier_config(a, b) -> bool:
@@ -80,9 +83,11 @@ class Runtime:
 
 
 class RuntimeHolder:
-    def __init__(self, runtime: Runtime, config_path: str | None = None):
+    def __init__(self, runtime: Runtime, config_path: str | None = None,
+                 calibration: CalibrationSource | None = None):
         self.current = runtime
         self.config_path = config_path
+        self.calibration = calibration     # for the tiers a reload builds
         self.generation = 1
         self._retiring: set[asyncio.Task] = set()
         self._retired: list[GatewayLimits] = []    # replaced by a reload, closed when idle
@@ -121,7 +126,9 @@ class RuntimeHolder:
         self._retired.clear()
 
 
-def build_runtime(config: GatewayConfig, reuse: dict[str, Tier] | None = None) -> Runtime:
+def build_runtime(config: GatewayConfig, reuse: dict[str, Tier] | None = None,
+                  calibration: CalibrationSource | None = None) -> Runtime:
+    """`calibration`: the text AWQ/GPTQ tiers calibrate on when their artifact is not cached yet."""
     reuse = reuse or {}
     tiers = {}
     for name, tier_cfg in config.tiers.items():
@@ -130,5 +137,5 @@ def build_runtime(config: GatewayConfig, reuse: dict[str, Tier] | None = None) -
             prev.config = tier_cfg
             tiers[name] = prev
         else:
-            tiers[name] = make_tier(name, tier_cfg)
+            tiers[name] = make_tier(name, tier_cfg, calibration)
     return Runtime(config, tiers)

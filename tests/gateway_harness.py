@@ -16,8 +16,9 @@ from pathlib import Path
 import httpx
 import uvicorn
 
+from bench.datasets.sharegpt import calibration_source
 from gateway.app import build_app
-from gateway.bench.gateway_upstream import serve as serve_upstream
+from tests.fakes.upstream import serve as serve_upstream
 from gateway.reload import ConfigReloader
 from gateway.runtime import RuntimeHolder, build_runtime
 from policies.config import load_config
@@ -35,7 +36,8 @@ class RunningGateway:
         cfg = load_config(self.config_path)
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
-        self.holder = RuntimeHolder(build_runtime(cfg), str(self.config_path))
+        calibration = calibration_source()
+        self.holder = RuntimeHolder(build_runtime(cfg, calibration=calibration), str(self.config_path), calibration)
         self.reloader = ConfigReloader(self.holder, self.config_path, "127.0.0.1")
         app = build_app(self.holder, self.reloader, telemetry)
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
@@ -79,7 +81,7 @@ class RunningGateway:
 
 
 class InstantUpstream:
-    """gateway.bench.gateway_upstream in a thread."""
+    """The fake upstream (tests/fakes/upstream.py) in a thread."""
 
     def __init__(self):
         self.port = free_port()

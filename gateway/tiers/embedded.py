@@ -51,8 +51,9 @@ def derive_seed(seed: int | None, index: int) -> int | None:
 class EmbeddedTier(Tier):
     kind = "embedded"
 
-    def __init__(self, name: str, config: EmbeddedTierConfig):
+    def __init__(self, name: str, config: EmbeddedTierConfig, calibration: CalibrationSource | None = None):
         super().__init__(name, config)
+        self.calibration = calibration
         self.engine: AsyncEngine | None = None
         self.pieces: TokenPieces | None = None
         self.tokenizer_key: str | None = None
@@ -63,7 +64,7 @@ class EmbeddedTier(Tier):
     async def start(self) -> None:
         started = time.perf_counter()
         try:
-            llm, self.notes = await asyncio.to_thread(build_engine, self.name, self.config)
+            llm, self.notes = await asyncio.to_thread(build_engine, self.name, self.config, self.calibration)
         except (ModelLoadError, ValueError, OSError, RuntimeError) as exc:
             self.state, self.error = "failed", str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             log.error("tier %s failed to load: %s", self.name, self.error)

@@ -12,6 +12,8 @@ from engines.engine_config import EngineConfig
 from engines.errors import ModelLoadError
 from engines.llm_engine import LLMEngine
 from engines.loaded_model import load_model
+from engines.quantization.artifact_cache import ensure_quantized
+from engines.quantization.calibration import CalibrationSource
 from engines.spec.config import SpeculativeConfig
 from policies.tier_config import EmbeddedTierConfig
 
@@ -22,12 +24,12 @@ def speculation_supported() -> bool:
     return bool(getattr(LLMEngine, "spec_supported", False))
 
 
-def _weights_source(name: str, cfg: EmbeddedTierConfig, notes: list[str]) -> str:
+def _weights_source(name: str, cfg: EmbeddedTierConfig, calibration: CalibrationSource | None,
+                    notes: list[str]) -> str:
     if not cfg.quantization:
         return cfg.model
-    from gateway.quantize_cmd import ensure_quantized
     try:
-        return str(ensure_quantized(cfg.model, cfg.quantization, cfg.quant_group_size))
+        return str(ensure_quantized(cfg.model, cfg.quantization, cfg.quant_group_size, calibration=calibration))
     except (ModelLoadError, ValueError, NotImplementedError, RuntimeError) as exc:
         notes.append(f"{cfg.quantization} weights ({exc}): runs {cfg.dtype}")
         log.warning("tier %s: cannot build %s weights (%s); running unquantized %s", name, cfg.quantization,
@@ -35,9 +37,10 @@ def _weights_source(name: str, cfg: EmbeddedTierConfig, notes: list[str]) -> str
         return cfg.model
 
 
-def build_engine(name: str, cfg: EmbeddedTierConfig) -> tuple[LLMEngine, list[str]]:
+def build_engine(name: str, cfg: EmbeddedTierConfig,
+                 calibration: CalibrationSource | None = None) -> tuple[LLMEngine, list[str]]:
     notes: list[str] = []
-    loaded = load_model(_weights_source(name, cfg, notes), cfg.dtype, device=cfg.device)
+    loaded = load_model(_weights_source(name, cfg, calibration, notes), cfg.dtype, device=cfg.device)
     spec = None
     if cfg.speculative is not None:
         if speculation_supported():

@@ -8,8 +8,8 @@ import json
 import pytest
 import torch
 
-from gateway.bench.hf_static import left_padded_batch, run_hf_static
-from gateway.bench.workload import BenchRequest, iter_sharegpt_records, load_sharegpt_requests, sharegpt_path
+from bench.engine.hf_static import left_padded_batch, run_hf_static
+from bench.datasets.sharegpt import BenchRequest, iter_sharegpt_records, load_sharegpt_requests, sharegpt_path
 from tests.tiny_models import TINY_VOCAB, write_tiny_checkpoint
 
 pytestmark = pytest.mark.slow
@@ -125,7 +125,7 @@ def test_hf_static_several_batches(tiny_ckpt):
 
 
 def test_parser_refills_across_small_chunks(tmp_path, monkeypatch):
-    import gateway.bench.workload as workload
+    import bench.datasets.sharegpt as workload
 
     records = [_record(i) for i in range(6)]
     whole = json.dumps(records, indent=1)

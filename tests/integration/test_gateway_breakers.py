@@ -15,7 +15,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.bench.gateway_upstream import ANSWER
+from tests.fakes.upstream import ANSWER
 from policies.breakers.redis_store import RedisBreakerStore
 from policies.limits_config import BreakerSettings
 from tests.gateway_harness import InstantUpstream, RunningGateway, shared

@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from gateway.bench.gateway_upstream import ANSWER
+from tests.fakes.upstream import ANSWER
 from policies.config import hash_api_key
 from tests.gateway_harness import InstantUpstream, RunningGateway
 

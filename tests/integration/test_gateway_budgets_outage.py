@@ -12,7 +12,7 @@ import httpx
 import pytest
 import redis.asyncio as aioredis
 
-from gateway.bench.gateway_upstream import ANSWER
+from tests.fakes.upstream import ANSWER
 from policies.budgets.redis_store import RedisBudgetStore
 from tests.gateway_harness import InstantUpstream, RunningGateway
 from tests.redis_server import launch

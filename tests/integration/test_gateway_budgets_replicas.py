@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.bench.gateway_upstream import ANSWER
+from tests.fakes.upstream import ANSWER
 from policies.budgets.redis_store import RedisBudgetStore
 from policies.config import hash_api_key
 from tests.gateway_harness import free_port, shared
@@ -75,7 +75,7 @@ class Replicas:
         try:
             self.instant, self.flaky = free_port(), free_port()
             for port in (self.instant, self.flaky):
-                self._spawn(["-m", "gateway.bench.gateway_upstream", "--port", str(port)], f"upstream-{port}")
+                self._spawn(["-m", "tests.fakes.upstream", "--port", str(port)], f"upstream-{port}")
             cfg = self.dir / "gateway.yaml"
             cfg.write_text(replicas_config(self.redis.url, self.prefix, self.instant, self.flaky))
             self.ports = [free_port(), free_port()]
@@ -112,7 +112,7 @@ class Replicas:
         return "\n".join(f"--- {f.name}\n{f.read_text()[-3000:]}" for f in sorted(self.dir.glob("*.log")))
 
     def control(self, **update) -> dict:
-        """Steer the flaky upstream (gateway_upstream's /__control) and read its counts."""
+        """Steer the flaky upstream (tests/fakes/upstream.py's /__control) and read its counts."""
         url = f"http://127.0.0.1:{self.flaky}/__control"
         return (httpx.post(url, json=update) if update else httpx.get(url)).json()
 

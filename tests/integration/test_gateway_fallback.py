@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from gateway.bench.gateway_upstream import ANSWER
+from tests.fakes.upstream import ANSWER
 from tests.gateway_harness import InstantUpstream, RunningGateway, free_port, shared
 
 

@@ -1,5 +1,5 @@
 """The gateway over real HTTP with the official openai client, in front of remote tiers:
-the instant upstream (gateway/bench/gateway_upstream.py) and a closed port."""
+the fake upstream (tests/fakes/upstream.py) and a closed port."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from gateway.bench.gateway_upstream import ANSWER
+from tests.fakes.upstream import ANSWER
 from policies.config import hash_api_key
 from tests.gateway_harness import InstantUpstream, RunningGateway, free_port, shared
 

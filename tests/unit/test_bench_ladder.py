@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import fields
 
-from gateway.bench.ladder import _agreement, _ratio, ladder_rungs
+from bench.engine.ladder import _agreement, _ratio, ladder_rungs
 
 ORDER = ["baseline", "batching", "int4-awq", "prefix-cache", "kv-int8", "spec-ngram"]
 

@@ -222,7 +222,7 @@ def test_quantize_cli_and_cached_tier_artifact(tmp_path):
     import subprocess
     import sys
 
-    from gateway.quantize_cmd import ensure_quantized
+    from engines.quantization.artifact_cache import ensure_quantized
     from tests.tiny_models import write_tiny_checkpoint
 
     write_tiny_checkpoint(tmp_path / "src", intermediate_size=128)
@@ -299,24 +299,38 @@ def test_cached_artifact_is_rebuilt_when_the_algorithm_version_changes(tmp_path,
     silently reuses an artifact an older version built."""
     import json
 
-    from gateway import quantize_cmd
+    from engines.quantization import build
+    from engines.quantization.artifact_cache import ensure_quantized
     from tests.tiny_models import write_tiny_checkpoint
 
     write_tiny_checkpoint(tmp_path / "src", intermediate_size=128)
-    first = quantize_cmd.ensure_quantized(str(tmp_path / "src"), "int4-rtn", 32, cache_root=tmp_path / "cache")
+    first = ensure_quantized(str(tmp_path / "src"), "int4-rtn", 32, cache_root=tmp_path / "cache")
     assert json.loads((first / "quantization_config.json").read_text())["algorithm_version"] == 1
-    monkeypatch.setitem(quantize_cmd.ALGORITHM_VERSIONS, "int4-rtn", 2)
-    second = quantize_cmd.ensure_quantized(str(tmp_path / "src"), "int4-rtn", 32, cache_root=tmp_path / "cache")
+    monkeypatch.setitem(build.ALGORITHM_VERSIONS, "int4-rtn", 2)
+    second = ensure_quantized(str(tmp_path / "src"), "int4-rtn", 32, cache_root=tmp_path / "cache")
     assert second != first and json.loads((second / "quantization_config.json").read_text())["algorithm_version"] == 2
 
 
 def test_every_setting_of_a_method_is_part_of_its_cache_key(tmp_path, monkeypatch):
-    from gateway import quantize_cmd
+    from engines.quantization import build
+    from engines.quantization.artifact_cache import artifact_dir
+    from engines.quantization.calibration import CalibrationSource
     from tests.tiny_models import write_tiny_checkpoint
 
     write_tiny_checkpoint(tmp_path / "src")
-    where = lambda method: quantize_cmd.artifact_dir(str(tmp_path / "src"), method, 64, tmp_path)
+    text = CalibrationSource("some text", lambda: [])
+    where = lambda method, calib=text: artifact_dir(str(tmp_path / "src"), method, 64, tmp_path, calib)
     gptq, awq, rtn = where("int4-gptq"), where("int4-awq"), where("int4-rtn")
-    monkeypatch.setitem(quantize_cmd.GPTQ_OPTIONS, "damp", 0.01)
-    monkeypatch.setitem(quantize_cmd.AWQ_CALIBRATION, "n", 32)
+    assert where("int4-awq", CalibrationSource("other text", lambda: [])) != awq
+    monkeypatch.setitem(build.GPTQ_OPTIONS, "damp", 0.01)
+    monkeypatch.setitem(build.AWQ_CALIBRATION, "n", 32)
     assert where("int4-gptq") != gptq and where("int4-awq") != awq and where("int4-rtn") == rtn
+
+
+def test_a_calibrated_method_without_calibration_text_is_refused(tmp_path):
+    from engines.quantization.artifact_cache import ensure_quantized
+    from tests.tiny_models import write_tiny_checkpoint
+
+    write_tiny_checkpoint(tmp_path / "src")
+    with pytest.raises(ValueError, match="calibration"):
+        ensure_quantized(str(tmp_path / "src"), "int4-awq", 64, cache_root=tmp_path / "cache")

@@ -42,7 +42,7 @@ def test_self_draft_quantization_must_be_built_in(paths):
 
 
 def test_a_self_draft_of_an_already_quantized_target_is_refused(paths, tmp_path):
-    from gateway.quantize_cmd import quantize_to_dir
+    from engines.quantization.build import quantize_to_dir
 
     artifact = quantize_to_dir(str(paths / "target"), "int4-rtn", 32, tmp_path / "int4")
     with pytest.raises(ModelLoadError, match="unquantized target"):

@@ -23,8 +23,8 @@ from engines.llm_engine import LLMEngine
 from engines.loaded_model import load_model
 from engines.sampling_params import SamplingParams
 from engines.spec.config import SpeculativeConfig
-from gateway.bench.common import machine_info, write_json
-from gateway.bench.workload import iter_sharegpt_records, load_sharegpt_requests
+from bench.common import machine_info, write_json
+from bench.datasets.sharegpt import iter_sharegpt_records, load_sharegpt_requests
 
 TASKS = {
     "summarise": "Summarise the following text in a few sentences.\n\n{text}",
@@ -173,7 +173,7 @@ def run_spec_bench(json_out: str, dtype: str, per_task: int, chat_requests: int,
         torch.set_num_threads(threads)
     loaded = load_model("default", dtype)
     if draft_model is None:
-        from gateway.quantize_cmd import ensure_quantized
+        from engines.quantization.artifact_cache import ensure_quantized
         draft_model = str(ensure_quantized("default", "int8", 128))
     specs = {
         "none": None,

@@ -26,8 +26,8 @@ from engines.llm_engine import LLMEngine
 from engines.loaded_model import LoadedModel, load_model
 from engines.sampling_params import SamplingParams
 from engines.spec.config import SpeculativeConfig
-from gateway.bench.common import machine_info, percentiles, write_json
-from gateway.bench.workload import load_sharegpt_requests
+from bench.common import machine_info, percentiles, write_json
+from bench.datasets.sharegpt import load_sharegpt_requests
 
 SYSTEM_PROMPT = (
     "You are the assistant of a software company's help desk. Answer the user's question directly and "
@@ -113,8 +113,9 @@ def _model(rung: Rung, group_size: int, cache: dict) -> LoadedModel:
         cache.clear()          # one model in memory at a time
         source = "default"
         if rung.weights:
-            from gateway.quantize_cmd import ensure_quantized
-            source = str(ensure_quantized("default", rung.weights, group_size))
+            from bench.datasets.sharegpt import calibration_source
+            from engines.quantization.artifact_cache import ensure_quantized
+            source = str(ensure_quantized("default", rung.weights, group_size, calibration=calibration_source()))
         cache[key] = load_model(source, "bfloat16")
     return cache[key]
 

@@ -1,15 +1,13 @@
-"""A tiny OpenAI-compatible server that answers at once, for `tiergate bench gateway` and tests.
+"""A tiny OpenAI-compatible server that answers at once, for `tiergate bench gateway`.
 
 Raw asyncio HTTP/1.1 with keep-alive, so its own cost stays small next to the gateway's:
 chat and text completions (JSON or SSE with usage), /v1/models and /healthz. It answers
 with a fixed text and honest token counts (words of the prompt, words of the answer).
 
-    python -m gateway.bench.gateway_upstream --port 9000
+    python -m bench.http.instant_upstream --port 9000
 
-Tests steer it through /__control: POST {"fail_status": 503} makes every completion fail with
-that status until POST {"fail_status": null}; {"delay_s": 0.5} delays each answer (a slow
-time to first token); {"stream_interval_s": 0.2} sends stream events that far apart; GET
-returns the counts of completions answered and failed.
+A `Handler` decides per request what is written back; tests/fakes/upstream.py builds its
+steerable fake (failures, delays, slow streams) on the same server.
 """
 
 from __future__ import annotations
@@ -18,7 +16,7 @@ import argparse
 import asyncio
 import json
 import time
-from dataclasses import asdict, dataclass
+from collections.abc import Awaitable, Callable
 
 ANSWER = "The quick brown fox jumps over the lazy dog."
 _WORDS = ANSWER.split(" ")
@@ -51,7 +49,7 @@ def _answer(body: dict, chat: bool) -> bytes:
                        "usage": _usage(_prompt_words(body), len(words) * n)}).encode()
 
 
-def _stream_events(body: dict, chat: bool) -> list[bytes]:
+def stream_events(body: dict, chat: bool) -> list[bytes]:
     limit = body.get("max_tokens") or body.get("max_completion_tokens") or len(_WORDS)
     words = _WORDS[:limit]
     head = {"id": "cmpl-instant", "object": "chat.completion.chunk" if chat else "text_completion",
@@ -71,45 +69,25 @@ def _stream_events(body: dict, chat: bool) -> list[bytes]:
     return [b"data: " + json.dumps(e).encode() + b"\n\n" for e in events] + [b"data: [DONE]\n\n"]
 
 
-def _response(status: int, body: bytes, content_type: str = "application/json") -> bytes:
+def http_response(status: int, body: bytes, content_type: str = "application/json") -> bytes:
     reason = {200: "OK", 400: "Bad Request", 404: "Not Found"}.get(status, "Error")
     return (f"HTTP/1.1 {status} {reason}\r\ncontent-type: {content_type}\r\ncontent-length: {len(body)}\r\n\r\n"
             .encode() + body)
 
 
-def _chunked(events: list[bytes]) -> bytes:
+def chunked(events: list[bytes]) -> bytes:
     head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
     return head + b"".join(b"%x\r\n%s\r\n" % (len(e), e) for e in events) + b"0\r\n\r\n"
 
 
-@dataclass
-class Behaviour:
-    """What /__control set, and what was answered since the start."""
-
-    fail_status: int | None = None
-    delay_s: float = 0.0
-    stream_interval_s: float = 0.0
-    completions: int = 0
-    failed: int = 0
-
-    def control(self, method: str, raw: bytes) -> bytes:
-        if method == "POST":
-            try:
-                update = json.loads(raw or b"{}")
-                if "fail_status" in update:
-                    self.fail_status = None if update["fail_status"] is None else int(update["fail_status"])
-                if "delay_s" in update:
-                    self.delay_s = float(update["delay_s"])
-                if "stream_interval_s" in update:
-                    self.stream_interval_s = float(update["stream_interval_s"])
-            except (ValueError, TypeError):
-                return _response(400, b'{"error":{"message":"bad control body","type":"invalid_request_error",'
-                                      b'"param":null,"code":null}}')
-        return _response(200, json.dumps(asdict(self)).encode())
+Handler = Callable[[str, str, bytes, asyncio.StreamWriter], Awaitable[None]]
 
 
-async def _serve_connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                            behaviour: Behaviour) -> None:
+async def answer_at_once(method: str, path: str, raw: bytes, writer: asyncio.StreamWriter) -> None:
+    writer.write(route(method, path, raw))
+
+
+async def _serve_connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, handler: Handler) -> None:
     try:
         while True:
             head = await reader.readuntil(b"\r\n\r\n")
@@ -121,15 +99,7 @@ async def _serve_connection(reader: asyncio.StreamReader, writer: asyncio.Stream
                 if name.strip().lower() == "content-length":
                     length = int(value)
             raw = await reader.readexactly(length) if length else b""
-            if path == "/__control":
-                writer.write(behaviour.control(method, raw))
-            else:
-                if behaviour.delay_s and path.endswith("completions"):
-                    await asyncio.sleep(behaviour.delay_s)
-                if behaviour.stream_interval_s and behaviour.fail_status is None and _is_stream(path, raw):
-                    await _trickle(writer, path, raw, behaviour)
-                else:
-                    writer.write(_answer_or_fail(method, path, raw, behaviour))
+            await handler(method, path, raw, writer)
             await writer.drain()
     except (asyncio.IncompleteReadError, ConnectionError, ValueError):
         pass
@@ -137,81 +107,46 @@ async def _serve_connection(reader: asyncio.StreamReader, writer: asyncio.Stream
         writer.close()
 
 
-def _is_stream(path: str, raw: bytes) -> bool:
-    if not path.endswith("completions"):
-        return False
-    try:
-        return bool(json.loads(raw).get("stream"))
-    except (ValueError, AttributeError):
-        return False
-
-
-async def _trickle(writer: asyncio.StreamWriter, path: str, raw: bytes, behaviour: Behaviour) -> None:
-    """A stream whose events leave `stream_interval_s` apart (a client may hang up midway)."""
-    behaviour.completions += 1
-    writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
-    for event in _stream_events(json.loads(raw), path.endswith("chat/completions")):
-        writer.write(b"%x\r\n%s\r\n" % (len(event), event))
-        await writer.drain()
-        await asyncio.sleep(behaviour.stream_interval_s)
-    writer.write(b"0\r\n\r\n")
-
-
-def _answer_or_fail(method: str, path: str, raw: bytes, behaviour: Behaviour) -> bytes:
-    if method != "POST" or not path.endswith("completions"):
-        return _route(method, path, raw)
-    if behaviour.fail_status is not None:
-        behaviour.failed += 1
-        body = json.dumps({"error": {"message": f"failing on purpose ({behaviour.fail_status})",
-                                     "type": "server_error" if behaviour.fail_status >= 500 else
-                                     "invalid_request_error", "param": None, "code": None}}).encode()
-        return _response(behaviour.fail_status, body)
-    behaviour.completions += 1
-    return _route(method, path, raw)
-
-
-def _route(method: str, path: str, raw: bytes) -> bytes:
+def route(method: str, path: str, raw: bytes) -> bytes:
     if method == "GET" and path in ("/healthz", "/readyz"):
-        return _response(200, b'{"status":"ok"}')
+        return http_response(200, b'{"status":"ok"}')
     if method == "GET" and path == "/v1/models":
-        return _response(200, b'{"object":"list","data":[{"id":"instant","object":"model","created":0,'
+        return http_response(200, b'{"object":"list","data":[{"id":"instant","object":"model","created":0,'
                               b'"owned_by":"bench"}]}')
     if method == "POST" and path in ("/v1/chat/completions", "/v1/completions"):
         try:
             body = json.loads(raw)
         except ValueError:
-            return _response(400, b'{"error":{"message":"bad json","type":"invalid_request_error",'
+            return http_response(400, b'{"error":{"message":"bad json","type":"invalid_request_error",'
                                   b'"param":null,"code":null}}')
         chat = path.endswith("chat/completions")
         if body.get("stream"):
-            return _chunked(_stream_events(body, chat))
-        return _response(200, _answer(body, chat))
-    return _response(404, b'{"error":{"message":"not found","type":"invalid_request_error","param":null,'
+            return chunked(stream_events(body, chat))
+        return http_response(200, _answer(body, chat))
+    return http_response(404, b'{"error":{"message":"not found","type":"invalid_request_error","param":null,'
                           b'"code":null}}')
 
 
-async def serve(host: str, port: int, ready: asyncio.Event | None = None,
-                behaviour: Behaviour | None = None) -> None:
-    behaviour = behaviour or Behaviour()
-    server = await asyncio.start_server(lambda r, w: _serve_connection(r, w, behaviour), host, port, backlog=1024)
+async def serve(host: str, port: int, ready: asyncio.Event | None = None, handler: Handler = answer_at_once) -> None:
+    server = await asyncio.start_server(lambda r, w: _serve_connection(r, w, handler), host, port, backlog=1024)
     if ready is not None:
         ready.set()
     async with server:
         await server.serve_forever()
 
 
-def main() -> None:
+def main(handler: Handler = answer_at_once) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
     args = parser.parse_args()
     try:
-        _run(serve(args.host, args.port))
+        run_loop(serve(args.host, args.port, handler=handler))
     except KeyboardInterrupt:
         pass
 
 
-def _run(coro):
+def run_loop(coro):
     try:
         import uvloop  # the gateway's own event loop: keep the upstream as light as it is
     except ImportError:

@@ -7,7 +7,7 @@ in the metrics variants, one metrics observation. No model
 runs, so the figures are the telemetry's own cost. "on" exports over OTLP/HTTP to a sink on
 loopback; its amortized figure includes the final flush, so export work is counted too.
 
-    python -m gateway.bench.telemetry_overhead --requests 2000 --json out.json
+    python -m bench.http.telemetry_overhead --requests 2000 --json out.json
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import statistics
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from gateway.bench.common import machine_info, percentiles, write_json
+from bench.common import machine_info, percentiles, write_json
 from gateway.telemetry.config import TelemetryConfig, resolve_telemetry
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.telemetry.tracing import Tracing, build_tracing

@@ -18,9 +18,9 @@ from engines.engine_config import EngineConfig
 from engines.llm_engine import LLMEngine
 from engines.loaded_model import load_model
 from engines.sampling_params import SamplingParams
-from gateway.bench.common import machine_info, percentiles, write_json
-from gateway.bench.hf_static import run_hf_static
-from gateway.bench.workload import BenchRequest, load_sharegpt_requests
+from bench.common import machine_info, percentiles, write_json
+from bench.engine.hf_static import run_hf_static
+from bench.datasets.sharegpt import BenchRequest, load_sharegpt_requests
 
 
 def run_engine_offline(engine: LLMEngine, requests: list[BenchRequest], progress: bool = True) -> dict:

@@ -1,6 +1,6 @@
 """Latency the budget check adds to a request: reserve (on the request path) and reconcile.
 
-    python -m policies.budgets.bench [--redis-url redis://127.0.0.1:6379/0] --json out.json
+    python -m bench.budgets [--redis-url redis://127.0.0.1:6379/0] --json out.json
 
 Measures the memory store always and Redis when a URL is given, each with a request that has
 limits in all four scopes (API key, tenant, tier, session), one at a time and with many in
@@ -131,7 +131,7 @@ async def _main(args) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m policies.budgets.bench", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.budgets", description=__doc__.split("\n")[0])
     parser.add_argument("--redis-url", help="also measure Redis (a server you started, not production)")
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 32])

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 
-from gateway.usage_error import UsageError
+from gateway.cli.usage_error import UsageError
 
 
 def add_bench_parsers(bench_sub) -> None:
@@ -80,24 +80,24 @@ def add_bench_parsers(bench_sub) -> None:
 
 
 def _bench_decode(args: argparse.Namespace) -> int:
-    from gateway.bench.decode import run_decode_bench
+    from bench.engine.decode import run_decode_bench
     return run_decode_bench(args.json_out, args.new_tokens, args.repeats, args.dtypes.split(","))
 
 
 def _bench_offline(args: argparse.Namespace) -> int:
-    from gateway.bench.offline import run_offline_bench
+    from bench.engine.offline import run_offline_bench
     sizes = [int(x) for x in args.hf_batch_sizes.split(",") if x]
     return run_offline_bench(args.json_out, args.num_requests, args.dtype, sizes, args.max_num_seqs,
                              args.max_num_batched_tokens, args.kv_cache_mib)
 
 
 def _bench_prefix(args: argparse.Namespace) -> int:
-    from gateway.bench.prefix import run_prefix_bench
+    from bench.engine.prefix import run_prefix_bench
     return run_prefix_bench(args.json_out, args.dtype, args.system_tokens, args.repeats)
 
 
 def _bench_spec(args: argparse.Namespace) -> int:
-    from gateway.bench.spec import run_spec_bench
+    from bench.engine.spec import run_spec_bench
     if args.per_task < 1 or args.chat_requests < 1 or args.max_tokens < 2:
         raise UsageError("--per-task and --chat-requests must be >= 1, --max-tokens >= 2")
     try:
@@ -109,7 +109,7 @@ def _bench_spec(args: argparse.Namespace) -> int:
 
 
 def _bench_gateway(args: argparse.Namespace) -> int:
-    from gateway.bench.gateway import run_gateway_bench
+    from bench.http.gateway import run_gateway_bench
     if args.rate <= 0 or args.seconds <= 0 or args.rounds < 1 or not 0 <= args.stream_share <= 1:
         raise UsageError("--rate and --seconds must be positive, --rounds >= 1, --stream-share in [0, 1]")
     return run_gateway_bench(args.json_out, args.rate, args.seconds, args.rounds, args.stream_share)
@@ -118,7 +118,7 @@ def _bench_gateway(args: argparse.Namespace) -> int:
 def _bench_serve(args: argparse.Namespace) -> int:
     import os
 
-    from gateway.bench.serve import run_serve_bench
+    from bench.http.serve import run_serve_bench
     if args.num_requests < 1 or args.request_rate <= 0 or args.max_tokens < 1 or args.max_prompt_tokens < 1:
         raise UsageError("--num-requests, --request-rate, --max-tokens and --max-prompt-tokens must be positive")
     if args.concurrency is not None and args.concurrency < 1:
@@ -136,7 +136,7 @@ def _bench_serve(args: argparse.Namespace) -> int:
 
 
 def _bench_ladder(args: argparse.Namespace) -> int:
-    from gateway.bench.ladder import run_ladder_bench
+    from bench.engine.ladder import run_ladder_bench
     if args.num_requests < 1 or args.max_tokens < 2 or args.kv_cache_mib < 1:
         raise UsageError("--num-requests and --kv-cache-mib must be >= 1, --max-tokens >= 2")
     if not 1 <= args.latency_requests <= args.num_requests:

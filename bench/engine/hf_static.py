@@ -21,8 +21,8 @@ import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from gateway.bench.common import percentiles
-from gateway.bench.workload import BenchRequest
+from bench.common import percentiles
+from bench.datasets.sharegpt import BenchRequest
 
 
 @dataclass

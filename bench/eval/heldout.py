@@ -3,12 +3,9 @@ benchmarks and calibration read, rendered with the model's chat template."""
 
 from __future__ import annotations
 
-from gateway.bench.workload import iter_sharegpt_records
+from bench.datasets.sharegpt import HELDOUT_START, VALIDATION_START, iter_sharegpt_records
 
-# Benchmarks read from the start of the file and calibration from records 2,000-6,000;
-# evaluation starts here.
-HELDOUT_START = 12_000
-VALIDATION_START = 8_000
+__all__ = ["HELDOUT_START", "VALIDATION_START", "heldout_sequences"]
 
 
 def heldout_sequences(tokenizer, chat_template, n: int = 24, max_tokens: int = 512,

@@ -20,7 +20,7 @@ import httpx
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from gateway.bench.common import machine_info, percentiles, write_json
+from bench.common import machine_info, percentiles, write_json
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ def load_serve_requests(n: int, max_prompt_tokens: int, max_tokens: int, seed: i
     from engines.loaded_model import resolve_checkpoint_dir
     from engines.loaders.hf_checkpoint import open_hf_checkpoint
     from engines.tokenizer import TextTokenizer
-    from gateway.bench.workload import load_sharegpt_requests
+    from bench.datasets.sharegpt import load_sharegpt_requests
 
     ckpt = open_hf_checkpoint(resolve_checkpoint_dir("default"))
     tok = TextTokenizer.from_file(ckpt.tokenizer_json, ckpt.tokenizer_config, ckpt.config.eos_token_id)

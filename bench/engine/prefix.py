@@ -13,8 +13,8 @@ from engines.engine_config import EngineConfig
 from engines.llm_engine import LLMEngine
 from engines.loaded_model import load_model
 from engines.sampling_params import SamplingParams
-from gateway.bench.common import machine_info, percentiles, write_json
-from gateway.bench.workload import iter_sharegpt_records
+from bench.common import machine_info, percentiles, write_json
+from bench.datasets.sharegpt import iter_sharegpt_records
 
 QUESTIONS = [
     "How do I reset my password?", "What are your opening hours?", "Can I change my delivery address?",

@@ -17,7 +17,7 @@ def check_config(path: str) -> int:
 
 
 def generate(args: argparse.Namespace) -> int:
-    from gateway.usage_error import UsageError
+    from gateway.cli.usage_error import UsageError
 
     cfg = load_config(args.config)
     tier_name = args.tier or cfg.default_tier
@@ -57,8 +57,9 @@ def serve(config_path: str, host: str | None, port: int | None) -> int:
 
     from gateway.app import build_app
     from gateway.reload import ConfigReloader
+    from gateway.cli.calibration import calibration_source
     from gateway.runtime import RuntimeHolder, build_runtime
-    from gateway.usage_error import UsageError
+    from gateway.cli.usage_error import UsageError
     from policies.config import is_loopback
 
     cfg = load_config(config_path)
@@ -79,7 +80,8 @@ def serve(config_path: str, host: str | None, port: int | None) -> int:
     # Background threads (the span exporter encoding a batch, engine steps) hold the GIL in
     # slices of this length; at Python's 5 ms each export showed up as a 10-15 ms p99.
     sys.setswitchinterval(cfg.server.gil_switch_interval_ms / 1000)
-    holder = RuntimeHolder(build_runtime(cfg), config_path)
+    calibration = calibration_source()
+    holder = RuntimeHolder(build_runtime(cfg, calibration=calibration), config_path, calibration)
     app = build_app(holder, ConfigReloader(holder, config_path, host))
     uvicorn.run(app, host=host, port=port, log_level="info", access_log=False)
     return 0

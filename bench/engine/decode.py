@@ -12,7 +12,7 @@ from rich.table import Table
 
 from engines.loaded_model import load_model
 from engines.simple_generate import SimpleSampling, generate_tokens
-from gateway.bench.common import machine_info, write_json
+from bench.common import machine_info, write_json
 
 PROMPT = "Write a detailed essay about the history of the Roman Empire."
 

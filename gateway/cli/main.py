@@ -8,13 +8,10 @@ import sys
 from pathlib import Path
 
 from engines.errors import ModelLoadError
-from gateway.bench.cli_bench import add_bench_parsers
-from gateway.usage_error import UsageError
+from gateway.cli.usage_error import UsageError
 from policies.config import ConfigError
 
 DEFAULT_CONFIG = "config/default.yaml"
-
-
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -62,9 +59,16 @@ def _build_parser() -> argparse.ArgumentParser:
     hk = sub.add_parser("hash-key", help="print the SHA-256 digest of an API key, for auth.keys[].sha256")
     hk.add_argument("key")
 
+    from bench.cli import add_bench_parsers   # argparse only: each benchmark is imported when it runs
+
     bench = sub.add_parser("bench", help="benchmarks that write JSON")
     add_bench_parsers(bench.add_subparsers(dest="bench", required=True))
     return parser
+
+
+def _calibration():
+    from gateway.cli.calibration import calibration_source
+    return calibration_source()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -83,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
 def _resolve_config(path: str) -> str:
     """The default config is found from the working directory, else from the source tree."""
     if path == DEFAULT_CONFIG and not Path(path).is_file():
-        candidate = Path(__file__).resolve().parents[1] / DEFAULT_CONFIG
+        candidate = Path(__file__).resolve().parents[2] / DEFAULT_CONFIG
         if candidate.is_file():
             return str(candidate)
     return path
@@ -93,25 +97,25 @@ def _dispatch(args: argparse.Namespace) -> int:
     if hasattr(args, "config"):
         args.config = _resolve_config(args.config)
     if args.command == "serve":
-        from gateway.commands import serve
+        from gateway.cli.commands import serve
         return serve(args.config, args.host, args.port)
     if args.command == "generate":
-        from gateway.commands import generate
+        from gateway.cli.commands import generate
         return generate(args)
     if args.command == "check-config":
-        from gateway.commands import check_config
+        from gateway.cli.commands import check_config
         return check_config(args.file)
     if args.command == "quantize":
         from pathlib import Path
 
-        from gateway.quantize_cmd import quantize_to_dir
+        from engines.quantization.build import quantize_to_dir
         if args.group_size not in (32, 64, 128, 256):
             raise UsageError("--group-size must be one of 32, 64, 128, 256")
-        out = quantize_to_dir(args.model, args.method, args.group_size, Path(args.out))
+        out = quantize_to_dir(args.model, args.method, args.group_size, Path(args.out), _calibration())
         print(f"wrote {args.method} g{args.group_size} artifact to {out}")
         return 0
     if args.command == "eval" and args.eval == "ppl":
-        from gateway.eval.ppl import ALL_VARIANTS, DEFAULT_VARIANTS, run_ppl_eval
+        from bench.eval.ppl import ALL_VARIANTS, DEFAULT_VARIANTS, run_ppl_eval
         variants = args.variants or list(DEFAULT_VARIANTS)
         unknown = sorted(set(variants) - set(ALL_VARIANTS))
         if unknown:
@@ -126,9 +130,3 @@ def _dispatch(args: argparse.Namespace) -> int:
         return args.run(args)
     raise UsageError(f"unknown command {args.command}")
 
-
-if __name__ == "__main__":
-    # Run gateway.cli's own main: under -m this file is __main__, and errors raised as
-    # gateway.cli.UsageError elsewhere would not match __main__.UsageError.
-    from gateway.cli import main as cli_main
-    sys.exit(cli_main())

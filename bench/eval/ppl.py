@@ -19,9 +19,10 @@ from engines.loaded_model import load_model
 from engines.quantization import weight_bytes
 from engines.sampling_params import SamplingParams
 from engines.sequence import Sequence
-from gateway.bench.common import machine_info, write_json
-from gateway.eval.heldout import HELDOUT_START, VALIDATION_START, heldout_sequences
-from gateway.quantize_cmd import quantize_loaded
+from bench.common import machine_info, write_json
+from bench.datasets.sharegpt import calibration_source
+from bench.eval.heldout import HELDOUT_START, VALIDATION_START, heldout_sequences
+from engines.quantization.build import quantize_loaded
 
 DEFAULT_VARIANTS = ("fp32", "bf16", "int8", "int4-rtn-g64", "int4-rtn-g128", "int4-awq-g64", "int4-awq-g128", "fp8",
                     "kv-bf16", "kv-int8", "kv-fp8", "kv-int4")
@@ -37,7 +38,7 @@ def _load_variant(name: str):
         return load_model("default", "float32" if name == "fp32" else "bfloat16")
     loaded = load_model("default", "bfloat16")
     method, _, group = name.rpartition("-g") if name.startswith("int4") else (name, "", "128")
-    quantize_loaded(loaded, method, int(group))
+    quantize_loaded(loaded, method, int(group), calibration_source())
     return loaded
 
 

@@ -1,0 +1,1 @@
+"""Quality evaluations (held-out perplexity and agreement) that write JSON."""

@@ -1,0 +1,67 @@
+"""Quantize a loaded model by method name, and write the result as a loadable artifact."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from engines.loaded_model import load_model
+from engines.quantization import quantize_model
+from engines.quantization.artifact import save_artifact
+from engines.quantization.awq import awq_quantize
+from engines.quantization.calibration import CalibrationSource, calibration_sequences
+from engines.quantization.gptq_model import gptq_quantize_model
+
+METHODS = ("int8", "int4-rtn", "int4-awq", "int4-gptq", "fp8")
+CALIBRATED_METHODS = ("int4-awq", "int4-gptq")
+# Part of the cache key and the artifact's config: bump a method's version whenever its algorithm
+# changes, so an artifact an older version built is never reused (AWQ 2: the Gram-matrix searches).
+ALGORITHM_VERSIONS = {"int8": 1, "int4-rtn": 1, "int4-awq": 2, "int4-gptq": 1, "fp8": 1}
+AWQ_CALIBRATION = {"n": 16, "max_tokens": 256}
+# GPTQ fits each layer to its calibration inputs: with 16 x 256 tokens it over-fits them (its error on
+# other text was ~3x its error on the calibration text), so it reads more text than AWQ.
+GPTQ_CALIBRATION = {"n": 64, "max_tokens": 512}
+GPTQ_OPTIONS = {"act_order": True, "damp": 0.1}
+
+
+def check_method(method: str, calibration: CalibrationSource | None) -> None:
+    if method not in METHODS:
+        raise ValueError(f"unknown method {method!r}; choose one of {list(METHODS)}")
+    if method in CALIBRATED_METHODS and calibration is None:
+        raise ValueError(f"{method} needs calibration text and none was given")
+
+
+def method_settings(method: str, calibration: CalibrationSource | None) -> dict:
+    """Everything besides the source and group size that decides a method's output: recorded in
+    the artifact's config and hashed into its cache key, so a changed setting builds a new one."""
+    check_method(method, calibration)
+    settings: dict = {"algorithm_version": ALGORITHM_VERSIONS[method]}
+    if method == "int4-awq":
+        settings["calibration"] = {**AWQ_CALIBRATION, "records_from": calibration.name}
+    elif method == "int4-gptq":
+        settings["calibration"] = {**GPTQ_CALIBRATION, "records_from": calibration.name}
+        settings["gptq"] = {**GPTQ_OPTIONS, "sequential": False, "clip_search": True}
+    return settings
+
+
+def quantize_loaded(loaded, method: str, group_size: int, calibration: CalibrationSource | None = None) -> dict:
+    """Quantize a loaded model in place; returns what the artifact's config records about it."""
+    settings = method_settings(method, calibration)
+    if method == "int4-awq":
+        calib = calibration_sequences(loaded.tokenizer, loaded.chat_template, calibration, **AWQ_CALIBRATION)
+        awq_quantize(loaded.model, calib, group_size)
+    elif method == "int4-gptq":
+        calib = calibration_sequences(loaded.tokenizer, loaded.chat_template, calibration, **GPTQ_CALIBRATION)
+        gptq_quantize_model(loaded.model, calib, group_size, **GPTQ_OPTIONS)
+    else:
+        quantize_model(loaded.model, method, group_size)
+    return settings
+
+
+def quantize_to_dir(source: str, method: str, group_size: int, out_dir: Path,
+                    calibration: CalibrationSource | None = None) -> Path:
+    """Quantize `source` (bf16 activations) and write a loadable artifact into `out_dir`."""
+    check_method(method, calibration)
+    loaded = load_model(source, "bfloat16")
+    extra = {"source": str(loaded.path), **quantize_loaded(loaded, method, group_size, calibration)}
+    save_artifact(loaded.model, loaded.path, out_dir, method, group_size, extra)
+    return out_dir

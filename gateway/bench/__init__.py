@@ -1,2 +1,0 @@
-"""Benchmarks behind `tiergate bench ...`: each runs every compared system in one command
-and writes JSON with the machine it ran on."""

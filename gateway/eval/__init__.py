@@ -1,1 +1,0 @@
-"""Quality evaluation behind `tiergate eval ...`."""
