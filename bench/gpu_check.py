@@ -1,4 +1,4 @@
-"""GPU check of the Triton kernels (issue #6): every kernel's correctness at real sizes
+"""GPU check of the Triton kernels: every kernel's correctness at real sizes
 against its torch reference, its time (triton.testing.do_bench, median) and the GB/s and
 TFLOP/s it reaches next to this chip's measured ceilings (a device-to-device copy, a big
 bf16 matmul). Bars: paged decode attention >= 70 % of the copy bandwidth; W4A16 at batch 1

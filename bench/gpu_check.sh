@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check (issue #6): first the whole engine on CUDA (SmolLM2 fp32 greedy tokens equal to
+# The GPU check: first the whole engine on CUDA (SmolLM2 fp32 greedy tokens equal to
 # the CPU path's, bf16 agreement, decode tokens/s at batch 1 and 32), then every kernel's
 # correctness at real sizes, do_bench timings, GB/s and TFLOP/s next to the chip's measured copy
 # bandwidth and bf16 matmul rate. PASS/FAIL lines on stdout, figures in the JSON. CUDA machine only;

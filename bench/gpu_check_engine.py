@@ -1,4 +1,4 @@
-"""Whole-engine part of bench/gpu_check.py (issue #6): the real SmolLM2 loaded on CUDA runs
+"""Whole-engine part of bench/gpu_check.py: the real SmolLM2 loaded on CUDA runs
 LLMEngine end to end (KV pool, step tensors, sampler on the GPU; attention, norms, RoPE and
 SiLU in Triton), against the CPU path in the same process:
   fp32  greedy tokens must equal the CPU path's (PASS/FAIL)
@@ -6,9 +6,8 @@ SiLU in Triton), against the CPU path in the same process:
         (bf16 greedy tokens may legitimately differ, see DESIGN)
   decode tokens/s on the GPU at batch 1 and 32, per dtype.
 With `smoke` (CPU, interpreter) the "device" side is the CPU too: it checks this script only.
-Written on a machine without a GPU: the CUDA side (pinned uploads, CUDA generators, compiled
-kernels inside the engine) has been checked by reading and by the meta-device tests only; this
-script is its first real run.
+The CUDA side (pinned uploads, CUDA generators, compiled kernels inside the engine) is covered
+on CPU-only machines by the meta-device tests alone; this script is what runs it for real.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The process-wide side of issue #8: the budgets, circuit breakers and retry budget built from
+"""The process-wide side of the limits: the budgets, circuit breakers and retry budget built from
 one `limits:` config, and what a config reload does to them.
 
 Reload: while `limits.store` is unchanged the store (its Redis connection pool, or the memory

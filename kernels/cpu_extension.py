@@ -5,6 +5,8 @@ Compiling needs a C++ compiler; without one the callers fall back to torch refer
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import hashlib
 import logging
@@ -43,6 +45,21 @@ def _build_dir() -> Path:
     return path
 
 
+@contextlib.contextmanager
+def _exclusive_build(build_dir: Path):
+    """One build at a time per build directory, held with flock, which the kernel releases when
+    its holder dies. torch's own lock is a plain file that a killed build (Ctrl-C during the first
+    start) leaves behind, and every later start would wait on it forever; under our flock no
+    other builder is alive, so such a file is stale and is removed."""
+    with open(build_dir / "tiergate.flock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        (build_dir / "lock").unlink(missing_ok=True)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 @functools.cache  # memo of one immutable compiled module per process
 def load_cpu_kernels() -> ModuleType | None:
     if os.environ.get("TIERGATE_CPU_KERNELS", "1") == "0":
@@ -52,16 +69,18 @@ def load_cpu_kernels() -> ModuleType | None:
     here = Path(__file__).parent / "cpu"
     source = "\n".join((here / name).read_text() for name in _SOURCES)
     started = time.perf_counter()
+    build_dir = _build_dir()
     try:
-        module = load_inline(
-            name="tiergate_cpu_kernels",
-            cpp_sources=[source],
-            functions=list(_FUNCTIONS),
-            extra_cflags=["-O3", "-march=native", "-fopenmp", "-ffast-math"],
-            extra_ldflags=["-fopenmp"],
-            build_directory=str(_build_dir()),
-            verbose=False,
-        )
+        with _exclusive_build(build_dir):
+            module = load_inline(
+                name="tiergate_cpu_kernels",
+                cpp_sources=[source],
+                functions=list(_FUNCTIONS),
+                extra_cflags=["-O3", "-march=native", "-fopenmp", "-ffast-math"],
+                extra_ldflags=["-fopenmp"],
+                build_directory=str(build_dir),
+                verbose=False,
+            )
     except Exception as exc:  # no compiler, missing headers: fall back to torch ops
         log.warning("CPU kernels unavailable, using torch reference ops (%s)", str(exc).splitlines()[0][:200])
         return None

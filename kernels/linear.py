@@ -7,17 +7,28 @@ results equal to F.linear up to summation order.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
 
+@functools.cache   # one answer per dtype for this CPU and torch build
+def _packing_works(dtype: torch.dtype) -> bool:
+    """Whether oneDNN packs `dtype` weights here: its bf16 path needs AVX-512 (BW/VL/DQ) or
+    AVX-NE-CONVERT, and on a CPU without them (AVX2 only) the reorder raises. Tried once on a tiny weight."""
+    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")):
+        return False
+    try:
+        torch.ops.mkldnn._reorder_linear_weight(torch.zeros(16, 16, dtype=dtype), 1)
+    except RuntimeError:
+        return False
+    return True
+
+
 def prepacking_available(weight: torch.Tensor) -> bool:
-    return (
-        weight.device.type == "cpu"
-        and weight.dtype in (torch.float32, torch.bfloat16)
-        and torch.backends.mkldnn.is_available()
-        and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
-    )
+    return (weight.device.type == "cpu" and weight.dtype in (torch.float32, torch.bfloat16)
+            and _packing_works(weight.dtype))
 
 
 class PackedWeight:

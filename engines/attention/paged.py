@@ -35,8 +35,8 @@ def upload_int_lists(lists: list[list[int]], device: torch.device | str | None =
     """int lists -> int64 tensors on `device`, with one host->device copy for all of them: one
     pinned buffer copied non_blocking on CUDA (stream-ordered before the kernels that read it;
     the caching host allocator keeps the buffer alive until the copy is done). On the CPU the
-    tensors are views of one buffer, built as fast as separate ones. (The CUDA branch was
-    written without a GPU: tests run the CPU and meta branches; bench/gpu_check.sh runs it.)"""
+    tensors are views of one buffer, built as fast as separate ones. (CPU-only tests run the CPU
+    and meta branches; bench/gpu_check.sh runs the CUDA one.)"""
     pads = [-len(values) % _ALIGN for values in lists]
     flat = torch.tensor([x for values, pad in zip(lists, pads) for x in (values + [0] * pad if pad else values)],
                         dtype=torch.long)
