@@ -109,7 +109,7 @@ def _bench_spec(args: argparse.Namespace) -> int:
 
 
 def _bench_gateway(args: argparse.Namespace) -> int:
-    from bench.http.gateway import run_gateway_bench
+    from bench.serving.gateway import run_gateway_bench
     if args.rate <= 0 or args.seconds <= 0 or args.rounds < 1 or not 0 <= args.stream_share <= 1:
         raise UsageError("--rate and --seconds must be positive, --rounds >= 1, --stream-share in [0, 1]")
     return run_gateway_bench(args.json_out, args.rate, args.seconds, args.rounds, args.stream_share)
@@ -118,7 +118,7 @@ def _bench_gateway(args: argparse.Namespace) -> int:
 def _bench_serve(args: argparse.Namespace) -> int:
     import os
 
-    from bench.http.serve import run_serve_bench
+    from bench.serving.serve import run_serve_bench
     if args.num_requests < 1 or args.request_rate <= 0 or args.max_tokens < 1 or args.max_prompt_tokens < 1:
         raise UsageError("--num-requests, --request-rate, --max-tokens and --max-prompt-tokens must be positive")
     if args.concurrency is not None and args.concurrency < 1:

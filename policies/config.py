@@ -29,7 +29,6 @@ from policies.policy_config import (
 )
 from policies.telemetry_config import TelemetryConfig
 from policies.tier_config import (
-    EmbeddedTier,
     EmbeddedTierConfig,
     SpeculativeSettings,
     TierConfig,
@@ -38,7 +37,7 @@ from policies.tier_config import (
 
 __all__ = [
     "PROFILES", "ApiKeyConfig", "AuthConfig", "ClassificationConfig", "ClassifyRule", "ConfigError",
-    "EmbeddedTier", "EmbeddedTierConfig", "EscalationConfig", "GatewayConfig", "ModelAliasConfig",
+    "EmbeddedTierConfig", "EscalationConfig", "GatewayConfig", "ModelAliasConfig",
     "RouteRule", "RoutingConfig", "ServerConfig", "SpeculativeSettings", "TenantConfig", "UpstreamTierConfig",
     "hash_api_key", "is_loopback", "load_config", "parse_config",
 ]

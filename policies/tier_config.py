@@ -8,21 +8,37 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ByteSize, ConfigDict, Discriminator, Field, Tag, model_validator
 
 
+# What the engine accepts, restated here because policies never imports engines; each is defined
+# once on the engine's side and tests/unit/test_settings_agree.py holds the two equal.
+# engines.quantization.methods.ARTIFACT_METHODS
+QuantizationMethod = Literal["int8", "int4-rtn", "int4-awq", "int4-gptq", "fp8"]
+# engines.quantization.methods.INT4_GROUP_SIZES
+Int4GroupSize = Literal[32, 64, 128, 256]
+# the keys of engines.kv_cache.KV_CACHE_DTYPES
+KvCacheDtype = Literal["int8", "fp8", "int4"]
+# SpeculativeConfig.method
+SpeculativeMethod = Literal["ngram", "draft", "self"]
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
 class SpeculativeSettings(_Strict):
-    """Mirrors engines.spec.config.SpeculativeConfig field for field (policies never imports engines)."""
-    method: Literal["ngram", "draft", "self"]
+    """engines.spec.config.SpeculativeConfig field for field, with the same defaults; the bounds are
+    checked here so that a bad file fails at load with the field's path."""
+    method: SpeculativeMethod
     num_tokens: int = Field(4, ge=1, le=16)
     draft_model: str | None = None
-    draft_quantization: Literal["int8", "int4-rtn", "int4-awq", "int4-gptq", "fp8"] | None = "int4-rtn"
-    draft_kv_cache_dtype: Literal["int8", "fp8", "int4"] | None = "int8"
+    draft_quantization: QuantizationMethod | None = "int4-rtn"
+    draft_kv_cache_dtype: KvCacheDtype | None = "int8"
     ngram_max: int = Field(4, ge=1)
     ngram_min: int = Field(1, ge=1)
     adaptive: bool = True
     max_batch: int = Field(8, ge=1)
+    verify_cost: float = Field(0.05, ge=0, allow_inf_nan=False,
+                               description="adaptive k: cost of verifying one more token, in target steps")
+    draft_group_size: Int4GroupSize = Field(32, description="method 'self': INT4 group size of the self-draft")
 
     @model_validator(mode="after")
     def _consistent(self) -> SpeculativeSettings:
@@ -46,10 +62,10 @@ class EmbeddedTierConfig(_Strict):
     max_num_seqs: int = Field(128, gt=0)
     max_num_batched_tokens: int = Field(2048, gt=0)
     enable_prefix_caching: bool = True
-    quantization: Literal["int8", "int4-rtn", "int4-awq", "int4-gptq", "fp8"] | None = Field(
+    quantization: QuantizationMethod | None = Field(
         None, description="weight quantization; the artifact is built and cached on first start")
-    quant_group_size: Literal[32, 64, 128, 256] = 128
-    kv_cache_dtype: Literal["int8", "fp8", "int4"] | None = Field(None, description="None: the model dtype")
+    quant_group_size: Int4GroupSize = 128
+    kv_cache_dtype: KvCacheDtype | None = Field(None, description="None: the model dtype")
     speculative: SpeculativeSettings | None = None
     max_in_flight: int | None = Field(
         None, gt=0, description="above this many calls open to the tier, routing passes it over for the next "
@@ -104,6 +120,3 @@ TierConfig = Annotated[
     Annotated[EmbeddedTierConfig, Tag("embedded")] | Annotated[UpstreamTierConfig, Tag("upstream")],
     Discriminator(_tier_kind),
 ]
-
-# Backwards-compatible name used before upstream tiers existed.
-EmbeddedTier = EmbeddedTierConfig

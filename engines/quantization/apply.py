@@ -10,8 +10,7 @@ from engines.model.layers import Linear
 from engines.quantization.fp8 import Fp8Linear
 from engines.quantization.int4 import Int4Linear
 from engines.quantization.int8 import Int8Linear
-
-METHODS = ("int8", "int4-rtn", "fp8")
+from engines.quantization.methods import LAYER_METHODS
 
 
 def _make(method: str, layer: Linear, group_size: int) -> nn.Module:
@@ -21,7 +20,7 @@ def _make(method: str, layer: Linear, group_size: int) -> nn.Module:
         return Int4Linear(layer.weight, layer.bias, group_size)
     if method == "fp8":
         return Fp8Linear(layer.weight, layer.bias)
-    raise ValueError(f"unknown quantization method {method!r}; choose one of {METHODS}")
+    raise ValueError(f"unknown quantization method {method!r}; choose one of {LAYER_METHODS}")
 
 
 def quantize_model(model: LlamaForCausalLM, method: str, group_size: int = 128, progress: bool = True) -> int:

@@ -10,9 +10,8 @@ from engines.quantization.artifact import save_artifact
 from engines.quantization.awq import awq_quantize
 from engines.quantization.calibration import CalibrationSource, calibration_sequences
 from engines.quantization.gptq_model import gptq_quantize_model
+from engines.quantization.methods import ARTIFACT_METHODS, CALIBRATED_METHODS
 
-METHODS = ("int8", "int4-rtn", "int4-awq", "int4-gptq", "fp8")
-CALIBRATED_METHODS = ("int4-awq", "int4-gptq")
 # Part of the cache key and the artifact's config: bump a method's version whenever its algorithm
 # changes, so an artifact an older version built is never reused (AWQ 2: the Gram-matrix searches).
 ALGORITHM_VERSIONS = {"int8": 1, "int4-rtn": 1, "int4-awq": 2, "int4-gptq": 1, "fp8": 1}
@@ -24,8 +23,8 @@ GPTQ_OPTIONS = {"act_order": True, "damp": 0.1}
 
 
 def check_method(method: str, calibration: CalibrationSource | None) -> None:
-    if method not in METHODS:
-        raise ValueError(f"unknown method {method!r}; choose one of {list(METHODS)}")
+    if method not in ARTIFACT_METHODS:
+        raise ValueError(f"unknown method {method!r}; choose one of {list(ARTIFACT_METHODS)}")
     if method in CALIBRATED_METHODS and calibration is None:
         raise ValueError(f"{method} needs calibration text and none was given")
 

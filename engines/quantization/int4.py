@@ -12,17 +12,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engines.quantization.methods import INT4_GROUP_SIZES
 from kernels.reference_gemm import w4a16_linear_ref
 from kernels.triton.select import use_triton
-
-SUPPORTED_GROUP_SIZES = (32, 64, 128, 256)
 
 
 def quantize_int4(weight: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Round-to-nearest. [N, K] -> (q int32 [N, K] in 0..15, scales [N, K/g], zeros [N, K/g])."""
     n, k = weight.shape
-    if group_size not in SUPPORTED_GROUP_SIZES or k % group_size:
-        raise ValueError(f"group size {group_size} must be one of {SUPPORTED_GROUP_SIZES} and divide {k}")
+    if group_size not in INT4_GROUP_SIZES or k % group_size:
+        raise ValueError(f"group size {group_size} must be one of {INT4_GROUP_SIZES} and divide {k}")
     w = weight.float().view(n, k // group_size, group_size)
     lo, hi = w.amin(dim=-1), w.amax(dim=-1)
     scales = ((hi - lo) / 15.0).clamp_min(1e-8)

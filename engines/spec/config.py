@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from engines.quantization.methods import INT4_GROUP_SIZES
+
 
 @dataclass
 class SpeculativeConfig:
@@ -29,5 +31,5 @@ class SpeculativeConfig:
             raise ValueError("need 1 <= ngram_min <= ngram_max")
         if self.max_batch < 1 or self.verify_cost < 0:
             raise ValueError("max_batch must be at least 1 and verify_cost at least 0")
-        if self.draft_group_size not in (32, 64, 128, 256):
-            raise ValueError("draft_group_size must be one of 32, 64, 128, 256")
+        if self.draft_group_size not in INT4_GROUP_SIZES:
+            raise ValueError(f"draft_group_size must be one of {', '.join(map(str, INT4_GROUP_SIZES))}")

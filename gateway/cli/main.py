@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from engines.errors import ModelLoadError
+from engines.quantization.methods import ARTIFACT_METHODS, INT4_GROUP_SIZES
 from gateway.cli.usage_error import UsageError
 from policies.config import ConfigError
 
@@ -38,7 +39,7 @@ def _build_parser() -> argparse.ArgumentParser:
     check.add_argument("file")
 
     quant = sub.add_parser("quantize", help="write a quantized copy of a model")
-    quant.add_argument("--method", required=True, choices=["int8", "int4-rtn", "int4-awq", "int4-gptq", "fp8"])
+    quant.add_argument("--method", required=True, choices=list(ARTIFACT_METHODS))
     quant.add_argument("--group-size", type=int, default=128)
     quant.add_argument("--out", required=True)
     quant.add_argument("--model", default="default", help="'default', a .gguf file or an HF directory")
@@ -109,8 +110,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         from pathlib import Path
 
         from engines.quantization.build import quantize_to_dir
-        if args.group_size not in (32, 64, 128, 256):
-            raise UsageError("--group-size must be one of 32, 64, 128, 256")
+        if args.group_size not in INT4_GROUP_SIZES:
+            raise UsageError(f"--group-size must be one of {', '.join(map(str, INT4_GROUP_SIZES))}")
         out = quantize_to_dir(args.model, args.method, args.group_size, Path(args.out), _calibration())
         print(f"wrote {args.method} g{args.group_size} artifact to {out}")
         return 0

@@ -15,9 +15,16 @@ from engines.loaded_model import load_model
 from engines.quantization.artifact_cache import ensure_quantized
 from engines.quantization.calibration import CalibrationSource
 from engines.spec.config import SpeculativeConfig
-from policies.tier_config import EmbeddedTierConfig
+from policies.tier_config import EmbeddedTierConfig, SpeculativeSettings
 
 log = logging.getLogger(__name__)
+
+# Tier settings the gateway acts on itself: which weights to load and where, how the tier is named
+# and admitted. Every other field of EmbeddedTierConfig is an EngineConfig field, passed on as is.
+TIER_ONLY_FIELDS = frozenset({"kind", "model", "served_name", "dtype", "device", "quantization",
+                              "quant_group_size", "max_in_flight"})
+# YAML name -> engine name, where they differ: the YAML takes a size with its unit ("512MiB").
+ENGINE_FIELD_NAMES = {"kv_cache_memory": "kv_cache_memory_bytes"}
 
 
 def speculation_supported() -> bool:
@@ -37,6 +44,20 @@ def _weights_source(name: str, cfg: EmbeddedTierConfig, calibration: Calibration
         return cfg.model
 
 
+def speculative_config(settings: SpeculativeSettings) -> SpeculativeConfig:
+    return SpeculativeConfig(**settings.model_dump())
+
+
+def engine_config(cfg: EmbeddedTierConfig, kv_cache_dtype: str | None,
+                  speculative: SpeculativeConfig | None) -> EngineConfig:
+    """The engine's settings from the tier's, every shared field copied by name; the KV dtype and
+    the speculative settings are the caller's, as the tier may have to run without them."""
+    # mode "json": plain values (a ByteSize becomes its int)
+    values = cfg.model_dump(mode="json", exclude=set(TIER_ONLY_FIELDS) | {"kv_cache_dtype", "speculative"})
+    values = {ENGINE_FIELD_NAMES.get(name, name): value for name, value in values.items()}
+    return EngineConfig(**values, kv_cache_dtype=kv_cache_dtype, speculative=speculative)
+
+
 def build_engine(name: str, cfg: EmbeddedTierConfig,
                  calibration: CalibrationSource | None = None) -> tuple[LLMEngine, list[str]]:
     notes: list[str] = []
@@ -44,17 +65,13 @@ def build_engine(name: str, cfg: EmbeddedTierConfig,
     spec = None
     if cfg.speculative is not None:
         if speculation_supported():
-            spec = SpeculativeConfig(**cfg.speculative.model_dump())
+            spec = speculative_config(cfg.speculative)
         else:
             notes.append("speculative decoding (not in this engine yet)")
             log.warning("tier %s: this engine has no speculative decoding yet; the tier decodes without it", name)
 
     def make(kv_dtype: str | None) -> LLMEngine:
-        return LLMEngine(loaded, EngineConfig(
-            kv_cache_memory_bytes=int(cfg.kv_cache_memory), block_size=cfg.block_size,
-            max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens,
-            max_model_len=cfg.max_model_len, enable_prefix_caching=cfg.enable_prefix_caching,
-            kv_cache_dtype=kv_dtype, speculative=spec))
+        return LLMEngine(loaded, engine_config(cfg, kv_dtype, spec))
 
     kv = cfg.kv_cache_dtype
     try:

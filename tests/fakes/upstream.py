@@ -15,8 +15,8 @@ import asyncio
 import json
 from dataclasses import asdict, dataclass
 
-from bench.http import instant_upstream
-from bench.http.instant_upstream import ANSWER, http_response, route, stream_events
+from bench.serving import instant_upstream
+from bench.serving.instant_upstream import ANSWER, http_response, route, stream_events
 
 __all__ = ["ANSWER", "Behaviour", "serve"]
 

@@ -19,7 +19,7 @@ from starlette.applications import Starlette
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
-from bench.http.serve import ServeRequest, run_load
+from bench.serving.serve import ServeRequest, run_load
 
 FIRST_S, GAP_S = 0.060, 0.020
 

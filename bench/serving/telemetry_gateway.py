@@ -8,7 +8,7 @@ traceparent, so the gateway samples each request itself at ratio 1.0), and this 
 generator. Phases alternate between the two gateways so drift on the shared CPU hits both
 alike. Metrics (/metrics instruments) are on in both: the difference is the tracing.
 
-    python -m bench.http.telemetry_gateway --rate 200 --seconds 5 --rounds 4 --json out.json
+    python -m bench.serving.telemetry_gateway --rate 200 --seconds 5 --rounds 4 --json out.json
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ import time
 from pathlib import Path
 
 from bench.common import machine_info, percentiles, write_json
-from bench.http.loadgen import PhaseResult, build_request, run_phase, wait_http
+from bench.serving.loadgen import PhaseResult, build_request, run_phase, wait_http
 from bench.processes import cpu_seconds, free_port, loadavg, start_process, stop_processes
-from bench.http.telemetry_overhead import _serve_sink
+from bench.serving.telemetry_overhead import _serve_sink
 from policies.config import hash_api_key
 
 _KEY = "bench-key-tracing"
@@ -124,7 +124,7 @@ def run(json_out: str | None, rate: float, seconds: float, rounds: int) -> dict:
                                     "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint}}
     up_port = free_port()
     ports = {name: free_port() for name in envs}
-    procs = [start_process([sys.executable, "-m", "bench.http.instant_upstream", "--port", str(up_port)],
+    procs = [start_process([sys.executable, "-m", "bench.serving.instant_upstream", "--port", str(up_port)],
                     workdir / "upstream.log", base_env)]
     pids = {}
     try:

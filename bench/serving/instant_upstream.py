@@ -4,7 +4,7 @@ Raw asyncio HTTP/1.1 with keep-alive, so its own cost stays small next to the ga
 chat and text completions (JSON or SSE with usage), /v1/models and /healthz. It answers
 with a fixed text and honest token counts (words of the prompt, words of the answer).
 
-    python -m bench.http.instant_upstream --port 9000
+    python -m bench.serving.instant_upstream --port 9000
 
 A `Handler` decides per request what is written back; tests/fakes/upstream.py builds its
 steerable fake (failures, delays, slow streams) on the same server.

@@ -7,7 +7,7 @@ in the metrics variants, one metrics observation. No model
 runs, so the figures are the telemetry's own cost. "on" exports over OTLP/HTTP to a sink on
 loopback; its amortized figure includes the final flush, so export work is counted too.
 
-    python -m bench.http.telemetry_overhead --requests 2000 --json out.json
+    python -m bench.serving.telemetry_overhead --requests 2000 --json out.json
 """
 
 from __future__ import annotations

@@ -24,8 +24,8 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.common import machine_info, percentiles, write_json
-from bench.http.gateway_limits import limits_yaml, start_redis
-from bench.http.loadgen import PhaseResult, build_request, run_phase, wait_http
+from bench.serving.gateway_limits import limits_yaml, start_redis
+from bench.serving.loadgen import PhaseResult, build_request, run_phase, wait_http
 from bench.processes import cpu_seconds, free_port, loadavg, start_process, stop_processes
 from policies.config import hash_api_key
 
@@ -146,7 +146,7 @@ def run_gateway_bench(json_out: str, rate: float, seconds: float, rounds: int, s
     up_port, gw_port, redis_gw_port, redis_port = free_port(), free_port(), free_port(), free_port()
     procs = []
     try:
-        procs.append(start_process([sys.executable, "-m", "bench.http.instant_upstream", "--port", str(up_port)],
+        procs.append(start_process([sys.executable, "-m", "bench.serving.instant_upstream", "--port", str(up_port)],
                             workdir / "upstream.log"))
         gateways = {"gateway": (gw_port, None)}
         redis = start_redis(redis_port, workdir)

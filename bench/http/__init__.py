@@ -1,1 +1,0 @@
-"""Benchmarks over HTTP: the load generator for any OpenAI URL, and the gateway's own overhead."""
