@@ -93,8 +93,9 @@ class Sampler:
         logits = logits / temps
         top_k = [p.top_k for p in params]
         if any(top_k):
-            k = torch.tensor([k if k else logits.shape[1] for k in top_k], device=logits.device)
-            k = k.clamp(max=logits.shape[1])
+            vocab = logits.shape[1]
+            # Clamped before the tensor is built: a k past int64 must not overflow it.
+            k = torch.tensor([min(k, vocab) if k > 0 else vocab for k in top_k], device=logits.device)
             kth = logits.sort(dim=-1, descending=True).values.gather(1, (k - 1).unsqueeze(1))
             logits = logits.masked_fill(logits < kth, float("-inf"))
         probs = torch.softmax(logits, dim=-1)

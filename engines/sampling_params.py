@@ -13,6 +13,9 @@ class InvalidRequestError(ValueError):
         self.param = param
 
 
+SEED_MIN, SEED_MAX = -(1 << 63), (1 << 64) - 1      # what torch.Generator.manual_seed takes
+
+
 @dataclass
 class SamplingParams:
     max_tokens: int = 16
@@ -35,6 +38,8 @@ class SamplingParams:
             (isinstance(self.max_tokens, int) and self.max_tokens >= 1, "max_tokens", "must be an integer >= 1"),
             (0.0 <= self.temperature <= 2.0, "temperature", "must be between 0 and 2"),
             (isinstance(self.top_k, int) and self.top_k >= 0, "top_k", "must be an integer >= 0"),
+            (self.seed is None or (isinstance(self.seed, int) and SEED_MIN <= self.seed <= SEED_MAX), "seed",
+             "must be a 64-bit integer"),
             (0.0 < self.top_p <= 1.0, "top_p", "must be in (0, 1]"),
             (0.0 <= self.min_p <= 1.0, "min_p", "must be in [0, 1]"),
             (-2.0 <= self.presence_penalty <= 2.0, "presence_penalty", "must be between -2 and 2"),

@@ -46,21 +46,29 @@ class StreamOptions(_Body):
     include_usage: bool = False
 
 
+# Bounds of the numeric fields: past them a value is a client error here, never an overflow in an
+# engine thread. top_k beyond the vocabulary means "off" and is clamped by the engine.
+MAX_OUTPUT_TOKENS = 1 << 20
+MAX_TOP_K = (1 << 31) - 1
+SEED_RANGE = (-(1 << 63), (1 << 64) - 1)       # what a 64-bit generator seed can hold
+MAX_STOP_CHARS = 1024
+
+
 class _Sampling(_Body):
     model: str = Field(min_length=1)
-    max_tokens: int | None = Field(None, ge=1)
+    max_tokens: int | None = Field(None, ge=1, le=MAX_OUTPUT_TOKENS)
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
     n: int = Field(1, ge=1, le=16)
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: int | None = Field(None, ge=SEED_RANGE[0], le=SEED_RANGE[1])
     stream: bool = False
     stream_options: StreamOptions | None = None
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
     user: str | None = Field(None, max_length=256)
     # Extensions that vLLM also accepts.
-    top_k: int | None = Field(None, ge=0)
+    top_k: int | None = Field(None, ge=-1, le=MAX_TOP_K)    # -1 or 0: off (vLLM's convention)
     min_p: float | None = Field(None, ge=0, le=1)
     ignore_eos: bool = False
 
@@ -68,8 +76,8 @@ class _Sampling(_Body):
     @classmethod
     def _check_stop(cls, value):
         stops = [value] if isinstance(value, str) else (value or [])
-        if len(stops) > 4 or not all(stops):
-            raise ValueError("stop must be at most 4 non-empty strings")
+        if len(stops) > 4 or not all(stops) or any(len(s) > MAX_STOP_CHARS for s in stops):
+            raise ValueError(f"stop must be at most 4 non-empty strings of at most {MAX_STOP_CHARS} characters")
         return value
 
     @field_validator("stream_options")
@@ -91,7 +99,7 @@ class _Sampling(_Body):
 
 class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1, le=MAX_OUTPUT_TOKENS)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
 
