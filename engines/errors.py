@@ -1,5 +1,35 @@
-"""Errors the engine raises for problems a user can fix (bad path, corrupt file)."""
+"""Errors the engine raises for problems a user can fix (bad path, corrupt file, a request too
+long for this engine). Each kind is its own class with a machine-readable code, so callers
+decide by type and never by the message, which is written for people."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from engines.sampling_params import InvalidRequestError
 
 
 class ModelLoadError(Exception):
     """A model could not be loaded; the message is one line a user can act on."""
+
+
+class ErrorCode(StrEnum):
+    """Which of an engine's fixed limits a request exceeds."""
+
+    CONTEXT_LENGTH = "context_length_exceeded"   # prompt + max_tokens beyond max_model_len
+    KV_CAPACITY = "kv_capacity_exceeded"         # more KV blocks than the pool can ever free
+
+
+class RequestTooLongError(InvalidRequestError):
+    """The request can never run on this engine, however idle it is. A larger engine may take
+    it, so a gateway treats it as "does not fit here" rather than as a bad request."""
+
+    code: ErrorCode
+
+
+class ContextLengthError(RequestTooLongError):
+    code = ErrorCode.CONTEXT_LENGTH
+
+
+class KVCapacityError(RequestTooLongError):
+    code = ErrorCode.KV_CAPACITY

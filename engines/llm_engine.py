@@ -1,25 +1,33 @@
 """The synchronous engine: accept requests, run steps, emit per-request deltas.
 
-One step = schedule -> run the model on the flat batch -> sample -> detokenize -> finish.
-The async wrapper (engines/async_engine.py) drives it from a background thread.
+One step, one method per job: schedule -> run the model on the flat batch (the speculator,
+if any, drafts and times through the runner's hooks) -> pick tokens (sample, or verify
+drafts) -> advance each sequence's computed tokens (`_advance_computed`, the only place
+that count moves forward) -> append tokens, detokenize, check stops -> release unused
+draft slots -> stats. The async wrapper (engines/async_engine.py) drives it from a
+background thread.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
 
 from engines.allocator import keep_freed_memory
 from engines.block_manager import BlockManager
 from engines.detokenizer import IncrementalDetokenizer
 from engines.engine_config import EngineConfig
+from engines.errors import ContextLengthError, KVCapacityError
 from engines.kv_cache import KVPool
 from engines.loaded_model import LoadedModel, parse_dtype
 from engines.model_runner import ModelRunner
+from engines.request_output import RequestOutput, TrackedRequest
 from engines.sampler import Sampler, TokenLogprob
 from engines.sampling_params import InvalidRequestError, SamplingParams
-from engines.scheduler import Scheduler
+from engines.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
 from engines.sequence import Sequence
 from engines.spec.build import build_speculator, load_draft_model
 from engines.spec.verify import SpecGroup
@@ -33,30 +41,11 @@ def _kv_dtype(name: str | None, model_dtype):
     return model_dtype if not name else KV_CACHE_DTYPES.get(name) or parse_dtype(name)
 
 
-@dataclass
-class RequestOutput:
-    request_id: str
-    token_ids: list[int]            # tokens new in this delta
-    text: str                       # text new in this delta
+class _Picked(NamedTuple):
+    """A sampling entry's new tokens this step (the target's own, after any accepted drafts)."""
+    entry: ScheduledSeq
+    tokens: list[int]
     logprobs: list[TokenLogprob] | None
-    finished: bool
-    finish_reason: str | None       # "stop" | "length" | "abort"
-    prompt_tokens: int
-    completion_tokens: int
-    cached_tokens: int
-    # Per-request engine facts so far (for trace events); times are time.monotonic().
-    scheduled_at: float | None = None   # first admitted to a batch
-    num_preemptions: int = 0
-    preempted_at: float | None = None   # the latest preemption
-    spec_proposed: int = 0              # draft tokens verified
-    spec_accepted: int = 0              # of which accepted
-
-
-@dataclass
-class _Request:
-    seq: Sequence
-    detok: IncrementalDetokenizer
-    stop_ids: frozenset[int]
 
 
 class LLMEngine:
@@ -86,7 +75,7 @@ class LLMEngine:
         self.runner = ModelRunner(loaded.model, self.pool)
         self.sampler = Sampler(config.seed)
         self.tokenizer = loaded.tokenizer
-        self._requests: dict[str, _Request] = {}
+        self._requests: dict[str, TrackedRequest] = {}
         self.stats = EngineStats(kv_blocks_total=num_blocks, kv_capacity_tokens=self.pool.capacity_tokens)
         self.speculator = None
         if spec:
@@ -107,7 +96,7 @@ class LLMEngine:
         seq = Sequence(request_id, list(prompt_ids), params, prefix_scope=prefix_scope, priority=priority)
         stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.tokenizer.eos_token_ids)
         detok = IncrementalDetokenizer(self.tokenizer, params.stop, params.include_stop_str_in_output)
-        self._requests[request_id] = _Request(seq, detok, stop_ids)
+        self._requests[request_id] = TrackedRequest(seq, detok, stop_ids)
         self.scheduler.add(seq)
 
     def check_request(self, prompt_ids: list[int], params: SamplingParams) -> None:
@@ -120,20 +109,19 @@ class LLMEngine:
             raise InvalidRequestError(f"prompt token ids must lie in [0, {vocab})", "prompt")
         total = len(prompt_ids) + params.max_tokens
         if total > self.max_model_len:
-            raise InvalidRequestError(
+            raise ContextLengthError(
                 f"prompt ({len(prompt_ids)} tokens) plus max_tokens ({params.max_tokens}) exceeds the "
                 f"context length {self.max_model_len}", "max_tokens")
         if self.block_manager.blocks_needed(total) > self.block_manager.num_blocks - self.headroom_blocks:
-            raise InvalidRequestError(
+            raise KVCapacityError(
                 f"prompt plus max_tokens ({total} tokens) exceeds this tier's KV cache capacity", "max_tokens")
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
-        req = self._requests.pop(request_id, None)
+        req = self._requests.get(request_id)
         if req is None:
             return None
-        self.scheduler.remove(req.seq)
-        req.seq.finish_reason = "abort"
-        return self._output(req, [], None, finished=True)
+        self._finish(req, "abort")
+        return req.delta([], None, finished=True)
 
     def has_unfinished(self) -> bool:
         return bool(self._requests)
@@ -144,68 +132,79 @@ class LLMEngine:
 
     # ---- the step ------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        """One iteration of continuous batching: a delta per request that got tokens or finished."""
         started = time.perf_counter()
-        spec = self.speculator
-        if spec is not None:
-            spec.count_backoff(len(self.scheduler.running))
-        plan = self.scheduler.schedule()
+        plan = self._schedule()
         if plan.is_empty:
             return []
-        if spec is not None:
-            spec.propose(plan.scheduled)
-        forward_started = time.perf_counter()
         sampling, logits = self.runner.execute(plan.scheduled)
-        if spec is not None and all(s.num_tokens == 1 for s in plan.scheduled):
-            # Decode steps only: a prefill chunk would make drafting look cheap.
-            spec.observe_target_step(time.perf_counter() - forward_started)
-        for s in plan.scheduled:
-            if s.draft_ids:
-                continue            # how far it computed is known after verification
-            s.seq.num_computed_tokens += s.num_tokens
-            self.block_manager.register_computed(s.seq)
-            self.stats.prompt_tokens_computed += s.num_tokens - (1 if s.samples else 0)
-        plain, groups, row = [], [], 0
+        picked = self._pick_tokens(sampling, logits)
+        self._advance_computed(plan.scheduled)
+        outputs = self._emit(picked)
+        self._release_lookahead(plan.scheduled)
+        self._update_stats(plan, time.perf_counter() - started)
+        return outputs
+
+    def _schedule(self) -> SchedulerOutput:
+        if self.speculator is not None:
+            # Judged on the batch as the previous step left it, before admissions and preemptions.
+            self.speculator.count_backoff(len(self.scheduler.running))
+        return self.scheduler.schedule()
+
+    def _pick_tokens(self, sampling: list[ScheduledSeq], logits: torch.Tensor) -> list[_Picked]:
+        """Every sampling entry's new tokens: plain entries sampled (first, all in one call),
+        then entries with drafts verified against the target's rows."""
+        plain, verified, groups, row = [], [], [], 0
         for s in sampling:
             if s.draft_ids:
+                verified.append(s)
                 groups.append(SpecGroup(s.seq, row, s.draft_ids, s.draft_probs))
             else:
                 plain.append((s, row))
             row += s.num_rows
-        outputs = []
-        if plain:
-            rows = [r for _, r in plain]
-            plain_logits = logits if len(rows) == logits.shape[0] else logits[rows]
-            result = self.sampler(plain_logits, [s.seq for s, _ in plain])
-            now = time.monotonic()
-            for (s, _), token, lp in zip(plain, result.token_ids, result.logprobs):
-                outputs.append(self._append_tokens(self._requests[s.seq.request_id], [token],
-                                                   [lp] if lp else None, now))
+        picked = self._sample(plain, logits) if plain else []
         if groups:
-            outputs.extend(self._accept(groups, spec.verify(logits, groups)))
-        for s in plan.scheduled:
+            picked += self._verify(verified, groups, logits)
+        return picked
+
+    def _sample(self, plain: list[tuple[ScheduledSeq, int]], logits: torch.Tensor) -> list[_Picked]:
+        rows = [r for _, r in plain]
+        plain_logits = logits if len(rows) == logits.shape[0] else logits[rows]
+        result = self.sampler(plain_logits, [s.seq for s, _ in plain])
+        return [_Picked(s, [token], [lp] if lp else None)
+                for (s, _), token, lp in zip(plain, result.token_ids, result.logprobs)]
+
+    def _verify(self, entries: list[ScheduledSeq], groups: list[SpecGroup], logits: torch.Tensor) -> list[_Picked]:
+        picked = []
+        for s, verdict in zip(entries, self.speculator.verify(logits, groups)):
+            s.num_accepted = verdict.num_accepted
+            s.seq.spec_proposed += len(s.draft_ids)
+            s.seq.spec_accepted += verdict.num_accepted
+            picked.append(_Picked(s, verdict.tokens, verdict.logprobs))
+        return picked
+
+    def _advance_computed(self, scheduled: list[ScheduledSeq]) -> None:
+        """The one place a sequence's computed-token count moves forward: by its own tokens
+        this step computed plus the drafts verification accepted. Rejected drafts' K/V lies
+        past the count, where the next forward overwrites it."""
+        for s in scheduled:
             seq = s.seq
-            if s.num_lookahead and not seq.is_finished:
-                # Roll back: slots reserved for drafts past the sequence's end are freed; only
-                # now, with the rejected drafts gone, are its new full blocks registered.
-                self.block_manager.truncate(seq, seq.num_tokens)
+            seq.num_computed_tokens += s.num_tokens + s.num_accepted
+            self.stats.prompt_tokens_computed += s.num_tokens - (1 if s.samples else 0)
+            if s.draft_ids:
+                # The draft model's own KV past the accepted tokens holds rejected drafts.
+                seq.num_draft_computed = min(seq.num_draft_computed, seq.num_computed_tokens)
+            else:
+                # A speculating sequence's accepted drafts are not its tokens until appended: its
+                # full blocks are registered after that, in _release_lookahead.
                 self.block_manager.register_computed(seq)
-        self._update_stats(plan, time.perf_counter() - started)
-        return outputs
 
-    def _accept(self, groups: list[SpecGroup], verdicts) -> list[RequestOutput]:
+    def _emit(self, picked: list[_Picked]) -> list[RequestOutput]:
         now = time.monotonic()
-        outputs = []
-        for g, verdict in zip(groups, verdicts):
-            seq = g.seq
-            # Computed this step: its last token and the accepted drafts; the rest is rolled back.
-            seq.num_computed_tokens += 1 + verdict.num_accepted
-            seq.num_draft_computed = min(seq.num_draft_computed, seq.num_computed_tokens)
-            seq.spec_proposed += len(g.drafts)
-            seq.spec_accepted += verdict.num_accepted
-            outputs.append(self._append_tokens(self._requests[seq.request_id], verdict.tokens, verdict.logprobs, now))
-        return outputs
+        return [self._append_tokens(self._requests[p.entry.seq.request_id], p.tokens, p.logprobs, now)
+                for p in picked]
 
-    def _append_tokens(self, req: _Request, tokens: list[int], lps: list[TokenLogprob] | None,
+    def _append_tokens(self, req: TrackedRequest, tokens: list[int], lps: list[TokenLogprob] | None,
                        now: float) -> RequestOutput:
         """Append tokens in order until one finishes the request; one delta for all of them."""
         seq = req.seq
@@ -223,20 +222,23 @@ class LLMEngine:
             if reason:
                 break
         if reason:
-            seq.finish_reason = reason
-            self.scheduler.remove(seq)
-            del self._requests[seq.request_id]
-        return self._output(req, tokens[:taken], lps[:taken] if lps else None, finished=reason is not None)
+            self._finish(req, reason)
+        return req.delta(tokens[:taken], lps[:taken] if lps else None, finished=reason is not None)
 
-    def _output(self, req: _Request, tokens: list[int], lps, finished: bool) -> RequestOutput:
-        seq = req.seq
-        return RequestOutput(
-            request_id=seq.request_id, token_ids=tokens, text=req.detok.take_delta(finished), logprobs=lps,
-            finished=finished, finish_reason=seq.finish_reason if finished else None,
-            prompt_tokens=len(seq.prompt_ids), completion_tokens=len(seq.output_ids),
-            cached_tokens=seq.num_cached_prompt_tokens, scheduled_at=seq.scheduled_time,
-            num_preemptions=seq.num_preemptions, preempted_at=seq.preempted_time,
-            spec_proposed=seq.spec_proposed, spec_accepted=seq.spec_accepted)
+    def _finish(self, req: TrackedRequest, reason: str) -> None:
+        """Out of the batch and the engine at once: its blocks are free for the next step."""
+        req.seq.finish_reason = reason
+        self.scheduler.remove(req.seq)
+        del self._requests[req.seq.request_id]
+
+    def _release_lookahead(self, scheduled: list[ScheduledSeq]) -> None:
+        for s in scheduled:
+            seq = s.seq
+            if s.num_lookahead and not seq.is_finished:
+                # Slots reserved for drafts past the sequence's end are freed; only now, with the
+                # rejected drafts gone, are its new full blocks registered.
+                self.block_manager.truncate(seq, seq.num_tokens)
+                self.block_manager.register_computed(seq)
 
     def _update_stats(self, plan, elapsed: float) -> None:
         st, bm = self.stats, self.block_manager

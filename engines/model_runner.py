@@ -1,12 +1,24 @@
-"""Turn a step plan into flat tensors, run the model once, return logits to sample from."""
+"""Turn a step plan into flat tensors, run the model once, return logits to sample from.
+
+Other parts of the engine join a runner's forwards only through its public hooks, so the
+runner stays the one owner of its attention backend and its step tensors:
+- `add_hook(hook)`: `hook.before_forward(scheduled)` runs before the step's tensors are
+  built (it may still fill the entries' draft tokens), `hook.after_forward(scheduled,
+  seconds)` after the logits exist, with the time the forward took.
+- `wrap_attention(wrap)`: layers a backend over the current one; every later forward
+  (`execute` and `forward` alike) runs through it, and `attn` returns the outermost layer.
+"""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
-from engines.attention.paged import PagedAttention, build_step
+from engines.attention.paged import PagedAttention, PagedStepMetadata, build_step
 from engines.kv_cache import KVPool
 from engines.model import LlamaForCausalLM
 from engines.scheduler import ScheduledSeq
@@ -21,6 +33,20 @@ class Chunk:
     logit_rows: int = 0        # how many of its last rows need logits
 
 
+class StepAttention(Protocol):
+    """What the runner drives: the step's metadata once, then one call per layer."""
+
+    def prepare(self, meta: PagedStepMetadata) -> None: ...
+
+    def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor: ...
+
+
+class ForwardHook(Protocol):
+    def before_forward(self, scheduled: list[ScheduledSeq]) -> None: ...
+
+    def after_forward(self, scheduled: list[ScheduledSeq], seconds: float) -> None: ...
+
+
 class ModelRunner:
     def __init__(self, model: LlamaForCausalLM, pool: KVPool):
         self.model = model
@@ -29,11 +55,36 @@ class ModelRunner:
         if pool.k.device != self.device:
             raise ValueError(f"KV pool on {pool.k.device} but the model on {self.device}")
         self.block_size = pool.block_size
-        self.attn = PagedAttention(pool)
+        self._attn: StepAttention = PagedAttention(pool)
+        self._hooks: list[ForwardHook] = []
 
+    # ---- the ways in -----------------------------------------------------------------
+    @property
+    def attn(self) -> StepAttention:
+        """The backend every forward runs through (the outermost wrapper, if any)."""
+        return self._attn
+
+    def wrap_attention(self, wrap: Callable[[StepAttention], StepAttention]) -> None:
+        """Replace the backend by `wrap(current backend)`. The wrapper sees each step's metadata
+        and every layer's K/V, e.g. to store them in a second pool as well; it must delegate
+        to the backend it wraps, which stays the one that owns this runner's pool."""
+        self._attn = wrap(self._attn)
+
+    def add_hook(self, hook: ForwardHook) -> None:
+        """Call `hook` around every `execute`, in the order hooks were added."""
+        self._hooks.append(hook)
+
+    @property
+    def hooks(self) -> tuple[ForwardHook, ...]:
+        return tuple(self._hooks)
+
+    # ---- a step ----------------------------------------------------------------------
     def execute(self, scheduled: list[ScheduledSeq]) -> tuple[list[ScheduledSeq], torch.Tensor]:
         """Run one step. Returns the scheduled entries that sample and their logits: `num_rows`
         consecutive rows per entry (its last token's, then one per draft token)."""
+        for hook in self._hooks:
+            hook.before_forward(scheduled)
+        started = time.perf_counter()
         chunks: list[Chunk] = []
         sampling: list[ScheduledSeq] = []
         for s in scheduled:
@@ -48,6 +99,10 @@ class ModelRunner:
             if s.samples:
                 sampling.append(s)
         logits = self.forward(chunks)
+        if self._hooks:
+            seconds = time.perf_counter() - started
+            for hook in self._hooks:
+                hook.after_forward(scheduled, seconds)
         return sampling, logits
 
     def forward(self, chunks: list[Chunk]) -> torch.Tensor:
@@ -63,8 +118,8 @@ class ModelRunner:
         meta, (ids_t, positions_t, rows_t) = build_step(
             self.block_size, [(c.block_table, c.start, len(c.token_ids)) for c in chunks], self.device,
             [ids, positions, rows])
-        self.attn.prepare(meta)
-        hidden = self.model(ids_t, positions_t, self.attn)
+        self._attn.prepare(meta)
+        hidden = self.model(ids_t, positions_t, self._attn)
         if not rows:
             return torch.empty(0, device=self.device)
         return self.model.compute_logits(hidden[rows_t])

@@ -38,6 +38,7 @@ class ScheduledSeq:
     # or greedy).
     draft_ids: list[int] = field(default_factory=list)
     draft_probs: torch.Tensor | None = None
+    num_accepted: int = 0           # filled by verification: drafts the target kept
 
     @property
     def samples(self) -> bool:

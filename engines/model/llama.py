@@ -75,6 +75,17 @@ class LlamaForCausalLM(nn.Module):
         if self.lm_head is None:
             self._tied_head = PackedWeight(self.embed_tokens.weight)
 
+    def share_embedding_with(self, other: LlamaForCausalLM) -> None:
+        """Read token embeddings from `other`'s table, and when `other`'s head is tied to it,
+        logits from `other`'s packed head too (else this model keeps its own head): a draft
+        derived from `other` then holds no second copy of the unquantized embedding. Call it
+        once both models are packed and on their device, since packing makes the tied head."""
+        if (other.config.vocab_size, other.config.hidden_size) != (self.config.vocab_size, self.config.hidden_size):
+            raise ValueError("models with different vocabularies or hidden sizes cannot share an embedding")
+        self.embed_tokens = other.embed_tokens
+        if other._tied_head is not None:
+            self._tied_head = other._tied_head
+
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionBackend) -> torch.Tensor:
         """input_ids, positions: [T] -> final hidden states [T, hidden]."""

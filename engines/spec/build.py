@@ -1,4 +1,8 @@
-"""Build a tier's speculator: load or derive the draft model, size its KV pool, wire it up."""
+"""Build a tier's speculator: load or derive the draft model, size its KV pool, wire it up.
+
+Wiring goes through public ways in only: the draft model shares the target's embedding via
+`share_embedding_with`, and the speculator joins the target runner's forwards via its hooks
+(`Speculator.attach`)."""
 
 from __future__ import annotations
 
@@ -13,7 +17,6 @@ from engines.model_runner import ModelRunner
 from engines.quantization import quantize_model
 from engines.sampler import Sampler
 from engines.spec.config import SpeculativeConfig
-from engines.spec.kv_mirror import MirroredAttention
 from engines.spec.model_draft import ModelDraftSource
 from engines.spec.ngram import NgramSource
 from engines.spec.speculator import Speculator
@@ -48,7 +51,8 @@ def load_draft_model(spec: SpeculativeConfig, target: LoadedModel, max_model_len
         quantize_model(draft.model, spec.draft_quantization, spec.draft_group_size, progress=False)
         move_model(draft.model, target.device)
         draft.quantization = f"{spec.draft_quantization}-g{spec.draft_group_size}"
-        _share_embedding(draft, target)
+        # The self-draft keeps the target's (unquantized) embedding and tied head: one copy.
+        draft.model.share_embedding_with(target.model)
     else:
         draft = load_model(spec.draft_model, target.dtype, device=target.device)
     if draft.config.vocab_size != target.config.vocab_size or \
@@ -61,13 +65,6 @@ def load_draft_model(spec: SpeculativeConfig, target: LoadedModel, max_model_len
     return draft
 
 
-def _share_embedding(draft: LoadedModel, target: LoadedModel) -> None:
-    """The self-draft keeps the target's (unquantized) embedding and tied head: one copy."""
-    draft.model.embed_tokens = target.model.embed_tokens
-    if target.model._tied_head is not None:
-        draft.model._tied_head = target.model._tied_head
-
-
 def build_speculator(spec: SpeculativeConfig, draft: LoadedModel | None, draft_kv_dtype: torch.dtype | None,
                      num_blocks: int, block_size: int, sampler: Sampler, stats: EngineStats, max_model_len: int,
                      max_catchup_tokens: int, target_runner: ModelRunner) -> Speculator:
@@ -78,6 +75,6 @@ def build_speculator(spec: SpeculativeConfig, draft: LoadedModel | None, draft_k
         pool = KVPool(draft.config, num_blocks, block_size, draft_kv_dtype, device=draft.device)
         mirrored = spec.method == "self" and draft.config == target_runner.model.config
         source = ModelDraftSource(spec.method, draft.model, pool, sampler, max_catchup_tokens, mirrored)
-        if mirrored:
-            target_runner.attn = MirroredAttention(target_runner.attn, pool)
-    return Speculator(spec, source, sampler, stats, max_model_len)
+    speculator = Speculator(spec, source, sampler, stats, max_model_len)
+    speculator.attach(target_runner)
+    return speculator

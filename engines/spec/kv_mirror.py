@@ -16,7 +16,8 @@ from engines.kv_cache import KVPool
 
 
 class MirroredAttention:
-    """The target's paged attention that also stores each step's K/V in the draft's pool."""
+    """The target's paged attention that also stores each step's K/V in the draft's pool.
+    The draft source layers it over the target runner's backend with `wrap_attention`."""
 
     def __init__(self, inner: PagedAttention, draft_pool: KVPool):
         self.inner = inner

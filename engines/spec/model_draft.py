@@ -24,6 +24,7 @@ from engines.model import LlamaForCausalLM
 from engines.model_runner import Chunk, ModelRunner
 from engines.sampler import Sampler
 from engines.scheduler import ScheduledSeq
+from engines.spec.kv_mirror import MirroredAttention
 
 
 class ModelDraftSource:
@@ -36,6 +37,12 @@ class ModelDraftSource:
         self.runner = ModelRunner(model, pool)
         self.sampler = sampler
         self.max_catchup_tokens = max_catchup_tokens
+
+    def attach(self, target_runner: ModelRunner) -> None:
+        """The self-draft's KV is the target's own: every target forward also writes into this
+        pool. A separate draft model computes its own KV and takes nothing from the target."""
+        if self.mirrored:
+            target_runner.wrap_attention(lambda inner: MirroredAttention(inner, self.pool))
 
     def propose(self, entries: list[tuple[ScheduledSeq, int]]) -> float | None:
         for s, _ in entries:

@@ -9,6 +9,7 @@ import time
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
+from engines.model_runner import ModelRunner
 from engines.scheduler import ScheduledSeq
 
 
@@ -31,6 +32,9 @@ class NgramSource:
 
     def __init__(self, n_min: int, n_max: int):
         self.n_min, self.n_max = n_min, n_max
+
+    def attach(self, target_runner: ModelRunner) -> None:
+        """A lookup reads only token ids: nothing to take from the target's forwards."""
 
     def propose(self, entries: list[tuple[ScheduledSeq, int]]) -> float | None:
         started = time.perf_counter()

@@ -2,10 +2,15 @@
 
 Per step: the scheduler asks `lookahead` how many draft slots each decoding sequence
 should get (adaptive k, 0 above `max_batch` running sequences, never past max_tokens or
-the context); `propose` fills the drafts; the target computes each speculating sequence's
-last token and its drafts in the same flat forward as everyone else; `verify` applies the
-exact rule per sequence, so each accepts a different number of tokens. The engine then
-appends the accepted tokens and rolls the rest back (engines/llm_engine.py).
+the context); the target runner's before-forward hook (`before_forward`) fills the drafts;
+the target computes each speculating sequence's last token and its drafts in the same flat
+forward as everyone else, and its after-forward hook times that forward for adaptive k;
+`verify` applies the exact rule per sequence, so each accepts a different number of
+tokens. The engine then appends the accepted tokens and rolls the rest back
+(engines/llm_engine.py).
+
+`attach` is the one place the speculator joins the target runner, through the runner's
+public hooks only (engines/model_runner.py).
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import time
 
 import torch
 
+from engines.model_runner import ModelRunner
 from engines.sampler import Sampler
 from engines.scheduler import ScheduledSeq
 from engines.sequence import Sequence
@@ -49,6 +55,21 @@ class Speculator:
         if self._draft_step_s is not None and self._target_step_s:
             draft = self._draft_step_s / self._target_step_s
         return draft + self.config.verify_cost
+
+    def attach(self, target_runner: ModelRunner) -> None:
+        """Draft before and time after each of the target's forwards; let the source join
+        them too (the self-draft mirrors the target's K/V)."""
+        target_runner.add_hook(self)
+        self.source.attach(target_runner)
+
+    # ---- the target runner's hooks ---------------------------------------------------
+    def before_forward(self, scheduled: list[ScheduledSeq]) -> None:
+        self.propose(scheduled)
+
+    def after_forward(self, scheduled: list[ScheduledSeq], seconds: float) -> None:
+        if all(s.num_tokens == 1 for s in scheduled):
+            # Decode steps only: a prefill chunk would make drafting look cheap.
+            self.observe_target_step(seconds)
 
     # ---- before the forward ----------------------------------------------------------
     def lookahead(self, seq: Sequence, num_running: int) -> int:

@@ -1,0 +1,46 @@
+"""One request's deltas: what the engine hands back per step, and the state that builds them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engines.detokenizer import IncrementalDetokenizer
+from engines.sampler import TokenLogprob
+from engines.sequence import Sequence
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    token_ids: list[int]            # tokens new in this delta
+    text: str                       # text new in this delta
+    logprobs: list[TokenLogprob] | None
+    finished: bool
+    finish_reason: str | None       # "stop" | "length" | "abort"
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    # Per-request engine facts so far (for trace events); times are time.monotonic().
+    scheduled_at: float | None = None   # first admitted to a batch
+    num_preemptions: int = 0
+    preempted_at: float | None = None   # the latest preemption
+    spec_proposed: int = 0              # draft tokens verified
+    spec_accepted: int = 0              # of which accepted
+
+
+@dataclass
+class TrackedRequest:
+    """A request in flight: its sequence, its text so far, the token ids that end it."""
+    seq: Sequence
+    detok: IncrementalDetokenizer
+    stop_ids: frozenset[int]
+
+    def delta(self, tokens: list[int], lps: list[TokenLogprob] | None, finished: bool) -> RequestOutput:
+        seq = self.seq
+        return RequestOutput(
+            request_id=seq.request_id, token_ids=tokens, text=self.detok.take_delta(finished), logprobs=lps,
+            finished=finished, finish_reason=seq.finish_reason if finished else None,
+            prompt_tokens=len(seq.prompt_ids), completion_tokens=len(seq.output_ids),
+            cached_tokens=seq.num_cached_prompt_tokens, scheduled_at=seq.scheduled_time,
+            num_preemptions=seq.num_preemptions, preempted_at=seq.preempted_time,
+            spec_proposed=seq.spec_proposed, spec_accepted=seq.spec_accepted)
