@@ -88,7 +88,7 @@ def build_app(holder: RuntimeHolder, reloader: ConfigReloader | None = None,
             task.add_done_callback(background.discard)
         if reloader is not None:
             reloader.start()
-        await holder.open_limits().check_store()    # budgets, breakers, retry budget (issue #8)
+        await holder.open_limits().check_store()    # budgets, breakers, retry budget
         freeze_heap()
         try:
             yield

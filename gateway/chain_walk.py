@@ -1,61 +1,89 @@
 """Walking a route's chain of tiers: which tier a request calls next, and why the others were
-passed over (unusable, breaker open, tier at its budget limits, failed, too small)."""
+passed over (not ready, busy, breaker open, tier at its budget limits, failed, too small)."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import AsyncIterator
 
-from gateway.context import RequestContext
-from gateway.errors import GatewayError
+from gateway.attempt import Attempt
+from gateway.request_limits import RequestLimits
 from gateway.runtime import Runtime
-from gateway.tiers.base import Tier, TierFailure, TierUnfit
-from policies.route import next_candidate
+from gateway.skips import Skip, SkipReason
+from gateway.tiers.base import EmptyStream, Tier, TierAnswer, TierCall, TierFailure, TierUnfit
 
 events = logging.getLogger("gateway.pipeline")    # the pipeline's log of tier failures
 
 
 class ChainWalk:
-    """Walks a route's chain: the next tier that may be called (usable, its breaker lets the
-    call through, the budget reserved for it), recording why the others were passed over."""
+    """Walks a route's chain: the next tier that may be called (ready, not busy while a later
+    one may be free, its breaker lets the call through, the budget reserved for it), recording
+    a Skip in the request's context for every tier passed over. A GatewayError (the client's
+    fault) ends the walk at once."""
 
-    def __init__(self, rt: Runtime, ctx: RequestContext, chain: tuple[str, ...]):
-        self.rt, self.ctx, self.chain = rt, ctx, chain
+    def __init__(self, rt: Runtime, request: RequestLimits, chain: tuple[str, ...]):
+        self.rt, self.request, self.chain = rt, request, chain
+        self.ctx = request.ctx
         self.index = 0
         self.unfit: TierUnfit | None = None    # the last tier that could not hold the request
         self.busy: list[Tier] = []             # passed over at their max_in_flight, in chain order
 
-    async def next_tier(self) -> Tier:
-        """Raises the request's error when no tier is left."""
-        ctx = self.ctx
+    async def complete(self, call: TierCall) -> tuple[Attempt, TierAnswer]:
+        """The first whole answer of the chain (its attempt has ended)."""
         while True:
-            self.index, skipped = next_candidate(self.chain, self.index, self.rt.usable)
-            ctx.fallbacks.extend(skipped)
-            if self.index < len(self.chain):
-                tier = self.rt.tiers[self.chain[self.index]]
-                self.index += 1
-                if tier.busy:
-                    self.busy.append(tier)
-                    ctx.fallbacks.append(f"{tier.name}: busy ({tier.in_flight} calls in flight)")
-                    continue
-            elif self.busy:                     # every tier left is busy: wait in the first one's queue
-                tier = self.busy.pop(0)
-            else:
-                raise ctx.limits_guard.nothing_left(self.chain, self.unfit)
-            skip = await ctx.limits_guard.admit(tier)     # breaker permit + budget reservation, or why not
-            if skip is None:
-                ctx.tier = tier.name
-                return tier
-            ctx.fallbacks.append(skip)
+            attempt = await self.next_attempt()
+            try:
+                return attempt, await attempt.complete(call)
+            except (TierUnfit, TierFailure) as exc:
+                self._failed(attempt, exc)
 
-    async def failed(self, tier: Tier, exc: TierUnfit | TierFailure | GatewayError) -> None:
-        """An attempt gave no answer: release what it held, then move on, or end the request
-        when the error is the client's (a GatewayError)."""
-        await self.ctx.limits_guard.attempt_failed(exc)
-        if isinstance(exc, GatewayError):
-            raise exc
+    async def stream(self, call: TierCall) -> tuple[Attempt, AsyncIterator[bytes], bytes]:
+        """The first stream of the chain that produced a chunk: its attempt (still open, for the
+        relay to end), the rest of its chunks and that first chunk."""
+        while True:
+            attempt = await self.next_attempt()
+            chunks = attempt.tier.stream(call)
+            try:
+                return attempt, chunks, await attempt.first_chunk(chunks)
+            except (TierUnfit, TierFailure) as exc:
+                await chunks.aclose()
+                self._failed(attempt, exc)
+
+    async def next_attempt(self) -> Attempt:
+        """Raises the request's error when no tier is left."""
+        while True:
+            opened = await self.request.open_attempt(self._next_tier())
+            if isinstance(opened, Attempt):
+                self.ctx.tier = opened.tier.name
+                return opened
+            self.ctx.fallbacks.append(opened)
+
+    def _next_tier(self) -> Tier:
+        rt, fallbacks = self.rt, self.ctx.fallbacks
+        while self.index < len(self.chain):
+            name = self.chain[self.index]
+            self.index += 1
+            why = rt.unusable_reason(name)
+            if why is not None:
+                fallbacks.append(Skip(name, SkipReason.NOT_READY, why))
+                continue
+            tier = rt.tiers[name]
+            if tier.busy:
+                self.busy.append(tier)
+                fallbacks.append(Skip(name, SkipReason.TIER_BUSY, f"busy ({tier.in_flight} calls in flight)"))
+                continue
+            return tier
+        if self.busy:                           # every tier left is busy: wait in the first one's queue
+            return self.busy.pop(0)
+        raise self.request.nothing_left(self.chain, self.unfit)
+
+    def _failed(self, attempt: Attempt, exc: TierUnfit | TierFailure) -> None:
+        """An attempt gave no answer (it has ended itself): note why, then move on."""
+        name = attempt.tier.name
         if isinstance(exc, TierUnfit):
             self.unfit = exc
-            self.ctx.fallbacks.append(f"{tier.name}: {exc}")
-        else:
-            self.ctx.fallbacks.append(f"{tier.name}: failed: {exc}")
-            events.warning("tier %s failed for %s: %s", tier.name, self.ctx.request_id, exc)
+            self.ctx.fallbacks.append(Skip(name, SkipReason.TIER_UNFIT, str(exc)))
+            return
+        reason = SkipReason.EMPTY_STREAM if isinstance(exc, EmptyStream) else SkipReason.TIER_FAILURE
+        self.ctx.fallbacks.append(Skip(name, reason, f"failed: {exc}"))
+        events.warning("tier %s failed for %s: %s", name, self.ctx.request_id, exc)

@@ -1,12 +1,15 @@
 """One object per request that lives from the first byte to the last: who asked, how it was
-classified and routed, which tiers were tried, usage and timings. Headers, the log line and
-(later) spans and metrics are all read from it."""
+classified and routed, which tiers were tried, usage and timings. Plain typed data: the
+response headers, the log line, spans and metrics are all read from it. What acts on a
+request (its telemetry, its limits, each tier attempt) lives in objects of its own."""
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+
+from gateway.skips import Skip
+from policies.budgets import Admission
 
 
 @dataclass(slots=True)
@@ -47,7 +50,7 @@ class RequestContext:
     route_reason: str | None = None
     chain: tuple[str, ...] = ()
     tier: str | None = None               # the tier that answered (or is answering)
-    fallbacks: list[str] = field(default_factory=list)   # "tier: why it was skipped"
+    fallbacks: list[Skip] = field(default_factory=list)  # tiers passed over, in order, and why
     escalated_from: str | None = None
     usage: Usage = field(default_factory=Usage)          # summed over every tier call, escalation included
     tier_seconds: float = 0.0             # time spent waiting on tiers (excluded from the overhead)
@@ -56,11 +59,8 @@ class RequestContext:
     finished_at: float | None = None
     status: int = 200
     error: str | None = None
-    trace: Any = None                     # gateway.telemetry.request.RequestTelemetry: spans + metrics
-    # ---- budgets, rate limits, breakers (issue #8; gateway/request_limits.py) ----
-    session_id: str | None = None         # x-session-id: the agent-session budget scope
-    limits_guard: Any = None              # gateway.request_limits.RequestLimits of this request
-    admission: Any = None                 # policies.budgets.Admission: the last budget decision (ok or refused)
+    # ---- budgets, rate limits, breakers (written by gateway/request_limits.py, gateway/attempt.py)
+    admission: Admission | None = None    # the last budget decision (ok or refused)
     ratelimit_headers: dict[str, str] | None = None   # x-ratelimit-* of the admitted attempt
     # (tier, event) per breaker step: "open"/"half_open" (skipped), "success", "failure",
     # "client_error", "cancelled" (recorded outcomes), "opened"/"closed" (transitions they caused)
@@ -87,7 +87,7 @@ class RequestContext:
         if self.reasons:
             headers["x-tiergate-reasons"] = _header_safe("; ".join(self.reasons))
         if self.fallbacks:
-            headers["x-tiergate-fallbacks"] = _header_safe("; ".join(self.fallbacks))
+            headers["x-tiergate-fallbacks"] = _header_safe("; ".join(map(str, self.fallbacks)))
         if self.escalated_from is not None:
             headers["x-tiergate-escalated-from"] = self.escalated_from
         return headers
@@ -98,8 +98,8 @@ class RequestContext:
             "request_id": self.request_id, "endpoint": self.endpoint, "tenant": self.tenant, "user": self.user,
             "model": self.model, "stream": self.stream, "profile": self.profile, "profile_source": self.profile_source,
             "reasons": self.reasons, "route": self.route_reason, "chain": list(self.chain), "tier": self.tier,
-            "fallbacks": self.fallbacks, "escalated_from": self.escalated_from, "status": self.status,
-            "error": self.error, "prompt_tokens": self.usage.prompt_tokens,
+            "fallbacks": [str(skip) for skip in self.fallbacks], "escalated_from": self.escalated_from,
+            "status": self.status, "error": self.error, "prompt_tokens": self.usage.prompt_tokens,
             "completion_tokens": self.usage.completion_tokens, "cached_tokens": self.usage.cached_tokens,
             "ttft_ms": None if self.ttft_ms is None else round(self.ttft_ms, 2),
             "total_ms": round((end - self.started) * 1000, 2), "overhead_ms": round(self.overhead_ms(end), 3),

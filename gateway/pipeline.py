@@ -1,7 +1,8 @@
 """The request path of /v1/chat/completions and /v1/completions, in one place:
 
-    read body -> auth -> parse -> classify -> route -> [budgets + breakers] -> tier call with
-    fallback (and escalation) -> response -> [reconcile + record] -> log
+    read body -> auth -> parse -> classify -> route -> walk the chain, one Attempt per tier call
+    (breaker permit + budget reservation + tier span) -> optional escalation -> response
+    -> the request's end (Pipeline._end): limits, spans, metrics, log line
 
 Every step writes into the request's RequestContext.
 """
@@ -13,26 +14,61 @@ import json
 import logging
 import time
 import uuid
+from dataclasses import dataclass
 
+from gateway.attempt import CANCELLED, Attempt
 from gateway.chain_walk import ChainWalk
 from gateway.context import RequestContext
 from gateway.errors import GatewayError
 from gateway.request_limits import RequestLimits, api_key_label
 from gateway.runtime import Runtime, RuntimeHolder
 from gateway.schema import ChatCompletionRequest, CompletionRequest, RequestBody, parse_body
+from gateway.skips import Skip, SkipReason
 from gateway.sse import SSEResponse, sse_error_event
-from gateway.telemetry.request import TierAttempt, start_request
+from gateway.telemetry.request import RequestTelemetry, start_request
 from gateway.telemetry.setup import Telemetry, build_telemetry
-from gateway.tiers.base import Tier, TierAnswer, TierCall, TierFailure, TierUnfit
+from gateway.tiers.base import TierAnswer, TierCall, TierFailure, TierUnfit
+from policies.breakers import Outcome
 from policies.classify import RequestFeatures
-from policies.policy_config import PROFILES
+from policies.policy_config import PROFILES, EscalationConfig
 from policies.route import RouteDecision, should_escalate
 
 log = logging.getLogger("tiergate.requests")    # one JSON line per request
-events = logging.getLogger(__name__)            # tier failures and other happenings
 
 _BODY_MODELS = {"chat": ChatCompletionRequest, "completions": CompletionRequest}
 HINT_HEADER = "x-tiergate-profile"
+
+
+class _Head:
+    """The request headers the pipeline reads, taken in one pass."""
+
+    __slots__ = ("authorization", "hint", "length", "session", "traceparent", "tracestate")
+
+    def __init__(self, headers) -> None:
+        self.authorization = self.hint = self.length = self.session = self.traceparent = self.tracestate = None
+        for name, value in headers:
+            if name == b"authorization":
+                self.authorization = value.decode("latin-1")
+            elif name == b"x-tiergate-profile":
+                self.hint = value.decode("latin-1")
+            elif name == b"content-length":
+                self.length = value
+            elif name == b"traceparent":
+                self.traceparent = value.decode("latin-1")
+            elif name == b"tracestate":
+                self.tracestate = value.decode("latin-1")
+            elif name == b"x-session-id":
+                self.session = value.decode("latin-1")
+
+
+@dataclass(slots=True)
+class _Request:
+    """What the end of one request needs: its context, its telemetry and, once it is routed,
+    its limits (which hold the attempt still open, if any)."""
+
+    ctx: RequestContext
+    trace: RequestTelemetry
+    limits: RequestLimits | None = None
 
 
 class Pipeline:
@@ -42,54 +78,40 @@ class Pipeline:
 
     async def __call__(self, scope, receive, send) -> None:
         """ASGI entry (no Starlette Request/Response objects: this path is hot)."""
-        response = await self.handle(scope, receive, scope["path"].endswith("/chat/completions") and "chat"
-                                     or "completions")
-        await response(scope, receive, send)
-
-    async def handle(self, scope, receive, endpoint: str):
         rt = self.holder.current            # one config snapshot for the whole request
-        ctx = RequestContext(uuid.uuid4().hex, endpoint)
-        authorization = hint = length = traceparent = tracestate = session = guard = None
-        for name, value in scope["headers"]:
-            if name == b"authorization":
-                authorization = value.decode("latin-1")
-            elif name == b"x-tiergate-profile":
-                hint = value.decode("latin-1")
-            elif name == b"content-length":
-                length = value
-            elif name == b"traceparent":
-                traceparent = value.decode("latin-1")
-            elif name == b"tracestate":
-                tracestate = value.decode("latin-1")
-            elif name == b"x-session-id":
-                session = value.decode("latin-1")
-        ctx.trace = start_request(self.telemetry, scope, traceparent, tracestate)
+        endpoint = "chat" if scope["path"].endswith("/chat/completions") else "completions"
+        head = _Head(scope["headers"])
+        request = _Request(RequestContext(uuid.uuid4().hex, endpoint),
+                           start_request(self.telemetry, scope, head.traceparent, head.tracestate))
+        disconnected = False
         try:
-            raw = await _read_body(receive, length, rt.max_body_bytes)
-            ctx.tenant, ctx.key_name = rt.keys.authenticate(authorization)
-            body = parse_body(_BODY_MODELS[endpoint], raw)
-            call = self._prepare(rt, ctx, body, hint)
+            response = await self._respond(rt, request, head, receive)
+            await response(scope, receive, send)
+            disconnected = response.disconnected
+        finally:
+            await self._end(rt, request, disconnected)
+
+    async def _respond(self, rt: Runtime, request: _Request, head: _Head, receive) -> BytesResponse | SSEResponse:
+        ctx = request.ctx
+        try:
+            raw = await _read_body(receive, head.length, rt.max_body_bytes)
+            ctx.tenant, ctx.key_name = rt.keys.authenticate(head.authorization)
+            body = parse_body(_BODY_MODELS[ctx.endpoint], raw)
+            call = self._prepare(rt, ctx, body, head.hint)
             decision = rt.router.route(ctx.tenant, ctx.tenant_class, ctx.model, ctx.profile)
             ctx.chain, ctx.route_reason = decision.chain, decision.reason
-            ctx.trace.routed(ctx, rt.tenant(ctx.tenant).record_content)
-            # Budgets and breakers (issue #8): a permit + reservation per tier attempt, in the walk.
-            guard = self._guard(rt, ctx, call, authorization, session)
+            request.trace.routed(ctx, rt.tenant(ctx.tenant).record_content)
+            request.limits = limits = self._limits(rt, ctx, call, request.trace, head)
             if body.stream:
-                return await self._stream(rt, ctx, call, decision)
-            work = self._complete(rt, ctx, call, decision)
+                return await self._stream(rt, limits, call, decision)
+            work = self._complete(rt, limits, call, decision)
             if any(rt.tiers[t].kind == "embedded" for t in decision.chain):
                 work = _unless_client_leaves(work, receive)   # a long generation is freed at once
-            _, answer = await work
-            ctx.usage.add(answer.usage)       # reconciled per attempt, in the walk (issue #8)
+            answer = await work
             return BytesResponse(200, answer.body, _headers(ctx))
         except GatewayError as exc:
             ctx.status, ctx.error = exc.status, exc.message
             return BytesResponse(exc.status, exc.body_bytes(), _headers(ctx, exc.headers))
-        finally:
-            if guard is not None and not guard.handed_off:   # a stream's relay finishes it
-                await guard.finish()
-            if not ctx.stream or ctx.status != 200 or ctx.headers_at is None:
-                self._finish_later(rt, ctx)
 
     # ---- parse, classify ---------------------------------------------------------------
     def _prepare(self, rt: Runtime, ctx: RequestContext, body: RequestBody, hint: str | None) -> TierCall:
@@ -115,15 +137,13 @@ class Pipeline:
         ctx.profile, ctx.profile_source, ctx.reasons = verdict.profile, verdict.source, verdict.reasons
         return call
 
-    def _guard(self, rt: Runtime, ctx: RequestContext, call: TierCall, authorization: str | None,
-               session: str | None) -> RequestLimits:
+    def _limits(self, rt: Runtime, ctx: RequestContext, call: TierCall, trace: RequestTelemetry,
+                head: _Head) -> RequestLimits:
         limits = rt.limits if rt.limits is not None else self.holder.open_limits()
         if limits.active and ctx.prompt_tokens_estimate is None:
             ctx.prompt_tokens_estimate = self._count_prompt(rt, call)    # the reservation's estimate
-        key = api_key_label(ctx.key_name, authorization) if limits.keys_limited and rt.keys.enabled else None
-        ctx.session_id = session
-        ctx.limits_guard = RequestLimits(limits, ctx, call, key, session)
-        return ctx.limits_guard
+        key = api_key_label(ctx.key_name, head.authorization) if limits.keys_limited and rt.keys.enabled else None
+        return RequestLimits(limits, ctx, call, trace, key, head.session)
 
     @staticmethod
     def _count_prompt(rt: Runtime, call: TierCall) -> int:
@@ -141,127 +161,92 @@ class Pipeline:
         return chars // 4 + 1
 
     # ---- tier calls ----------------------------------------------------------------------
-    async def _complete(self, rt: Runtime, ctx: RequestContext, call: TierCall,
-                        decision: RouteDecision) -> tuple[Tier, TierAnswer]:
-        call.want_logprobs = decision.escalate is not None
-        tier, answer = await self._first_answer(rt, ctx, call, decision.chain)
+    async def _complete(self, rt: Runtime, limits: RequestLimits, call: TierCall,
+                        decision: RouteDecision) -> TierAnswer:
         esc = decision.escalate
-        if should_escalate(esc, tier.name, answer.mean_logprob):
-            why = rt.usable(esc.to)
-            note = f"mean logprob {answer.mean_logprob:.3f} < {esc.below_mean_logprob}"
-            if why is not None:
-                ctx.reasons.append(f"not escalated to {esc.to} ({note}): {why}")
-                return tier, answer
-            guard = ctx.limits_guard
-            try:    # a second answer: its own permit and reservation (issue #8)
-                skip = await guard.admit(rt.tiers[esc.to])
-            except GatewayError as exc:
-                skip = exc.message
-            if skip is not None:
-                ctx.reasons.append(f"not escalated to {esc.to} ({note}): {skip}")
-                return tier, answer
-            ctx.usage.add(answer.usage)   # the first answer was computed: it counts
-            call.want_logprobs = False
-            try:
-                with ctx.trace.attempt(ctx, call, rt.tiers[esc.to]):
-                    better = await self._timed(ctx, guard.bounded(rt.tiers[esc.to].complete(call)))
-            except (TierFailure, TierUnfit, GatewayError) as exc:
-                await guard.attempt_failed(exc)
-                ctx.reasons.append(f"escalation to {esc.to} failed ({exc}); kept {tier.name}")
-                answer.usage = type(answer.usage)()
-                return tier, answer
-            await guard.answered(better.usage)
-            ctx.escalated_from, ctx.tier = tier.name, esc.to
-            ctx.reasons.append(f"escalated {tier.name} -> {esc.to}: {note}")
-            return rt.tiers[esc.to], better
-        return tier, answer
-
-    async def _first_answer(self, rt: Runtime, ctx: RequestContext, call: TierCall,
-                            chain: tuple[str, ...]) -> tuple[Tier, TierAnswer]:
-        walk = ChainWalk(rt, ctx, chain)
-        while True:
-            tier = await walk.next_tier()
-            try:
-                with ctx.trace.attempt(ctx, call, tier):
-                    answer = await self._timed(ctx, ctx.limits_guard.bounded(tier.complete(call)))
-            except (TierUnfit, TierFailure, GatewayError) as exc:
-                await walk.failed(tier, exc)
-            else:
-                await ctx.limits_guard.answered(answer.usage)
-                return tier, answer
+        call.want_logprobs = esc is not None
+        first, answer = await ChainWalk(rt, limits, decision.chain).complete(call)
+        if should_escalate(esc, first.tier.name, answer.mean_logprob):
+            return await self._escalate(rt, limits, call, first, answer, esc)
+        return answer
 
     @staticmethod
-    async def _timed(ctx: RequestContext, awaitable):
-        started = time.perf_counter()
-        try:
-            return await awaitable
-        finally:
-            ctx.tier_seconds += time.perf_counter() - started
-
-    async def _stream(self, rt: Runtime, ctx: RequestContext, call: TierCall,
-                      decision: RouteDecision) -> SSEResponse:
-        walk = ChainWalk(rt, ctx, decision.chain)
-        while True:
-            tier = await walk.next_tier()
-            attempt = ctx.trace.attempt(ctx, call, tier)
-            chunks = tier.stream(call)
+    async def _escalate(rt: Runtime, limits: RequestLimits, call: TierCall, first: Attempt, answer: TierAnswer,
+                        esc: EscalationConfig) -> TierAnswer:
+        """A second answer on the larger tier, through the same kind of attempt as the walk's;
+        the first answer stays when the larger tier cannot take the call or fails."""
+        ctx = limits.ctx
+        note = f"mean logprob {answer.mean_logprob:.3f} < {esc.below_mean_logprob}"
+        why = rt.unusable_reason(esc.to)
+        opened: Attempt | Skip | None = None
+        if why is None:
             try:
-                with attempt.streaming():   # a failure ends the attempt; else the relay ends it
-                    # nothing sent yet: may fall back
-                    first = await self._timed(ctx, ctx.limits_guard.bounded(chunks.__anext__()))
-                break
-            except StopAsyncIteration:
-                await walk.failed(tier, TierFailure("empty stream"))
-            except (TierUnfit, TierFailure, GatewayError) as exc:
-                await walk.failed(tier, exc)
-            await chunks.aclose()
-        guard = ctx.limits_guard
-        guard.handed_off = True           # the relay reconciles and records when the stream ends
-        return SSEResponse(self._relay(ctx, first, chunks, attempt), _headers(ctx),
-                           on_close=lambda disconnected: self._stream_closed(rt, ctx, disconnected))
-
-    async def _relay(self, ctx: RequestContext, first: bytes, chunks, attempt: TierAttempt):
-        relayed, failed = 1, False
+                opened = await limits.open_attempt(rt.tiers[esc.to])
+            except GatewayError as exc:
+                why = exc.message
+            else:
+                if isinstance(opened, Skip):
+                    why = str(opened)
+        if not isinstance(opened, Attempt):
+            ctx.reasons.append(f"not escalated to {esc.to} ({note}): {why}")
+            return answer
+        call.want_logprobs = False
         try:
-            yield first
-            async for chunk in chunks:
-                relayed += 1
-                yield chunk
-        except (TierFailure, GatewayError) as exc:
-            # Bytes already went out: no fallback now; tell the client in the stream itself.
-            failed = isinstance(exc, TierFailure)
-            ctx.error = str(exc)
-            attempt.fail("tier_failure" if isinstance(exc, TierFailure) else "GatewayError")
-            yield sse_error_event(str(exc), "server_error" if isinstance(exc, TierFailure) else None)
-        except (GeneratorExit, asyncio.CancelledError):
-            attempt.fail("cancelled")   # the client left
-            raise
-        finally:
-            await chunks.aclose()   # the tier's own finally puts usage on the span first
-            attempt.end()
-            # Reconcile once with the usage so far (also when the client left); breaker outcome.
-            await ctx.limits_guard.stream_finished(failed, ctx.usage, relayed)
+            better = await opened.complete(call)
+        except (TierFailure, TierUnfit, GatewayError) as exc:
+            ctx.reasons.append(f"escalation to {esc.to} failed ({exc}); kept {first.tier.name}")
+            return answer
+        ctx.escalated_from, ctx.tier = first.tier.name, esc.to
+        ctx.reasons.append(f"escalated {first.tier.name} -> {esc.to}: {note}")
+        return better
 
-    def _stream_closed(self, rt: Runtime, ctx: RequestContext, disconnected: bool) -> None:
-        if disconnected:
-            ctx.error = ctx.error or "client disconnected"
-        ctx.limits_guard.finish_later()   # no-op unless the relay never ran (issue #8)
-        ctx.finished_at = time.perf_counter()
-        ctx.trace.finish(ctx, disconnected)
-        self._log(rt, ctx)
+    async def _stream(self, rt: Runtime, limits: RequestLimits, call: TierCall,
+                      decision: RouteDecision) -> SSEResponse:
+        attempt, chunks, first = await ChainWalk(rt, limits, decision.chain).stream(call)
+        return SSEResponse(_relay(limits.ctx, attempt, first, chunks), _headers(limits.ctx))
 
     # ---- end of request -------------------------------------------------------------------
-    def _finish_later(self, rt: Runtime, ctx: RequestContext) -> None:
-        # The log line is written after the response went out, not on its latency path.
-        ctx.finished_at = time.perf_counter()
-        loop = asyncio.get_running_loop()
-        loop.call_soon(ctx.trace.finish, ctx)
-        loop.call_soon(self._log, rt, ctx)
+    async def _end(self, rt: Runtime, request: _Request, disconnected: bool) -> None:
+        """The one place a request ends, once its response went out (or could not): an attempt
+        still open is given back and the request leaves its limits, then its spans end, its
+        metrics are counted and its log line is written (off the response's latency path)."""
+        ctx = request.ctx
+        try:
+            if request.limits is not None:
+                await request.limits.finish()
+        finally:
+            if disconnected:
+                ctx.error = ctx.error or "client disconnected"
+            ctx.finished_at = time.perf_counter()
+            request.trace.finish(ctx, disconnected)
+            if rt.config.server.log_requests and log.isEnabledFor(logging.INFO):
+                log.info("%s", json.dumps(ctx.log_fields(), separators=(",", ":")))
 
-    @staticmethod
-    def _log(rt: Runtime, ctx: RequestContext) -> None:
-        if rt.config.server.log_requests and log.isEnabledFor(logging.INFO):
-            log.info("%s", json.dumps(ctx.log_fields(), separators=(",", ":")))
+
+async def _relay(ctx: RequestContext, attempt: Attempt, first: bytes, chunks):
+    """The stream to the client after its first chunk; ends the attempt when it closes."""
+    relayed, outcome, error_type = 1, Outcome.SUCCESS, None
+    try:
+        yield first
+        async for chunk in chunks:
+            relayed += 1
+            yield chunk
+    except (TierFailure, GatewayError) as exc:
+        # Bytes already went out: no fallback now; tell the client in the stream itself.
+        failed = isinstance(exc, TierFailure)
+        ctx.error = str(exc)
+        if failed:
+            outcome, error_type = Outcome.FAILURE, SkipReason.TIER_FAILURE.value
+        else:
+            error_type = type(exc).__name__
+        yield sse_error_event(str(exc), "server_error" if failed else None)
+    except (GeneratorExit, asyncio.CancelledError):
+        error_type = CANCELLED   # the client left: not the tier's failure
+        raise
+    finally:
+        await chunks.aclose()   # the tier's own finally puts usage on the span first
+        # Reconciled once with the usage so far (also when the client left).
+        await attempt.end(outcome, ctx.usage, relayed, error_type=error_type)
 
 
 async def _unless_client_leaves(work, receive):
@@ -318,6 +303,7 @@ class BytesResponse:
     its header bookkeeping)."""
 
     __slots__ = ("body", "headers", "status_code")
+    disconnected = False     # a whole answer is sent or not; a client that left is a 499 before it
 
     def __init__(self, status: int, body: bytes, headers: dict[str, str]):
         self.status_code = status

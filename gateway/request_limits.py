@@ -1,5 +1,5 @@
-"""The request side of issue #8: a circuit-breaker permit and a budget reservation per tier
-attempt, a deadline and the retry budget per request.
+"""The request side of budgets, rate limits and circuit breakers: a breaker permit and a budget
+reservation per tier attempt, a deadline and the retry budget per request.
 
 The tier scope and fallbacks. The tier is known only once the chain is walked, so each tier
 attempt is admitted by one atomic reservation over every scope of the request (API key,
@@ -13,22 +13,22 @@ limits) moves on to the next tier like an open breaker; a refusal by any other s
 client's 429. An escalation is a second answer: the first is reconciled, the second reserved.
 
 Estimate = prompt tokens + max_tokens x choices; without max_tokens, the tier's context length
-minus the prompt, or DEFAULT_OUTPUT_BOUND when the tier does not know its context. Usage is
-reconciled once per attempt: with the tier's counts; a stream that ends early with the events
-relayed so far; an answer without usage with its estimate (never for free).
+minus the prompt, or DEFAULT_OUTPUT_BOUND when the tier does not know its context. Each
+attempt (gateway/attempt.py) reconciles its reservation once.
 """
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
-import time
 
-from gateway.context import RequestContext, Usage
+from gateway.attempt import CANCELLED, Attempt
+from gateway.context import RequestContext
 from gateway.errors import GatewayError
 from gateway.limits import GatewayLimits
 from gateway.schema import CompletionRequest
-from gateway.tiers.base import Tier, TierCall, TierFailure, TierUnfit
+from gateway.skips import Skip, SkipReason
+from gateway.telemetry.request import RequestTelemetry
+from gateway.tiers.base import Tier, TierCall, TierUnfit
 from policies.breakers import Outcome, Permit, Rejection
 from policies.budgets import (
     Admission,
@@ -59,27 +59,24 @@ def api_key_label(key_name: str | None, authorization: str | None) -> str | None
 
 
 class RequestLimits:
-    """Per-request budget and breaker state. Every attempt ends in exactly one of
-    attempt_failed / answered / stream_finished / abandon; finish() ends the request."""
+    """Per-request budget and breaker state, and the opener of its tier attempts. Each attempt
+    ends itself (Attempt.end); finish() ends the request's part once."""
 
-    def __init__(self, limits: GatewayLimits, ctx: RequestContext, call: TierCall, api_key: str | None,
-                 session: str | None):
+    def __init__(self, limits: GatewayLimits, ctx: RequestContext, call: TierCall, trace: RequestTelemetry,
+                 api_key: str | None, session: str | None):
         self.limits = limits
         self.ctx = ctx
         self.call = call
+        self.trace = trace
         self.api_key = api_key
         self.session = session
         self.deadline = Deadline.after(limits.config.retry.deadline_s)
-        self.permit: Permit | None = None
-        self.reservation: Reservation | None = None
-        self.estimate = (0, 0)
-        self.attempt_started = 0.0
-        self.failure: str | None = None          # the last tier failure: the next attempt is a retry
+        self.failure: str | None = None          # the last tier failure: every later attempt is a retry
         self.retry_denied = False
         self.rejections: list[Rejection] = []    # open breakers passed on the way
         self.tier_refusal: Admission | None = None
+        self.current: Attempt | None = None      # the latest attempt
         self.finished = False
-        self.handed_off = False                  # a stream's relay owns the end of the request
         if session is not None and limits.active:
             try:
                 check_scope_id(SESSION_HEADER, session)
@@ -89,154 +86,84 @@ class RequestLimits:
         limits.retry.record_request()
 
     # ---- before an attempt ------------------------------------------------------------
-    async def admit(self, tier: Tier) -> str | None:
-        """Take a breaker permit and a reservation for a call to `tier`. Returns why the tier is
-        skipped (open breaker, tier at its limits), or None when the call may go; raises the
-        request's 429 / 503 / 504."""
+    async def open_attempt(self, tier: Tier) -> Attempt | Skip:
+        """Take a breaker permit and a reservation for a call to `tier` and open its attempt
+        (span, in-flight count). Returns why the tier is skipped instead (open breaker, tier at
+        its limits); raises the request's 429 / 503 / 504."""
         if self.deadline.expired:
-            raise self._deadline_error()
-        answer = await self.limits.breakers.allow(tier.name)
-        if not answer.allowed:          # no call is made: not a retry
-            self.rejections.append(answer)
-            self.ctx.breaker_events.append((tier.name, answer.state))
-            return f"{tier.name}: circuit breaker {answer.state.replace('_', '-')} (retry in {answer.retry_after:.1f}s)"
-        self.permit = answer
-        if self.failure is not None and not self.limits.retry.try_retry():
-            self.retry_denied = True
-            await self._drop_permit()
-            raise self.nothing_left((), None)
-        if self.limits.active:
-            skip = await self._reserve(tier)
-            if skip is not None:
-                return skip
-        self.attempt_started = time.perf_counter()
-        return None
+            raise self.deadline_error()
+        verdict = await self.limits.breakers.allow(tier.name)
+        if isinstance(verdict, Rejection):          # no call is made: not a retry
+            self.rejections.append(verdict)
+            self.ctx.breaker_events.append((tier.name, verdict.state))
+            return Skip(tier.name, SkipReason.BREAKER_OPEN, f"circuit breaker {verdict.state.replace('_', '-')} "
+                                                            f"(retry in {verdict.retry_after:.1f}s)")
+        reservation, estimate = None, (0, 0)
+        try:
+            if self.failure is not None and not self.limits.retry.try_retry():
+                self.retry_denied = True
+                raise self.nothing_left((), None)
+            if self.limits.active:
+                estimate = self._estimate(tier)
+                reservation = await self._reserve(tier, estimate)
+        except BaseException:      # no call will be made: the permit goes back uncounted
+            await self._drop_permit(verdict)
+            raise
+        if isinstance(reservation, Skip):
+            await self._drop_permit(verdict)
+            return reservation
+        span = self.trace.tier_span(self.ctx, self.call, tier)
+        self.call.span = span          # the tier adds its events and response facts to it
+        self.current = Attempt(self, tier, verdict, reservation, estimate, span)
+        return self.current
 
-    async def _reserve(self, tier: Tier) -> str | None:
-        self.estimate = self._estimate(tier)
+    async def _reserve(self, tier: Tier, estimate: tuple[int, int]) -> Reservation | Skip:
+        """The reservation over every scope, or why this tier is skipped (its own scope is full);
+        raises the client's 429, or 503 when the store is down and the policy is fail-closed."""
         scopes = Scopes(self.api_key, self.ctx.tenant, tier.name, self.session)
         try:
-            admission = await self.limits.budgets.reserve(scopes, *self.estimate)
+            admission = await self.limits.budgets.reserve(scopes, *estimate)
         except BudgetStoreUnavailable as exc:
-            await self._drop_permit()
             raise GatewayError(503, str(exc), type_="server_error", code="budget_store_unavailable",
                                headers=retry_after_headers(exc.retry_after)) from None
         except InvalidScope as exc:
-            await self._drop_permit()
             raise GatewayError(400, str(exc)) from None
         self.ctx.admission = admission
         if admission.allowed:
-            self.reservation = admission.reservation
             self.ctx.ratelimit_headers = admission_headers(admission)
-            return None
-        await self._drop_permit()
+            return admission.reservation
         if admission.scope == SCOPE_PREFIX["tier"] + tier.name:   # this tier is full: maybe the next one
             self.tier_refusal = admission
-            return f"{tier.name}: {admission.limit_kind} limit of the tier reached"
+            return Skip(tier.name, SkipReason.TIER_BUDGET, f"{admission.limit_kind} limit of the tier reached")
         raise refusal_error(admission)
 
     def _estimate(self, tier: Tier) -> tuple[int, int]:
         body = self.call.body
         prompt = self.ctx.prompt_tokens_estimate or 0
         prompts = len(body.prompts()) if isinstance(body, CompletionRequest) else 1
-        choices = max(body.n, getattr(body, "best_of", None) or 0)
+        choices = max(body.n, body.best_of or 0) if isinstance(body, CompletionRequest) else body.n
         per_choice = body.output_limit
         if per_choice is None:
             context = tier.context_length
             per_choice = max(1, context - prompt // prompts) if context else DEFAULT_OUTPUT_BOUND
         return prompt, per_choice * choices * prompts
 
-    # ---- the attempt's end ------------------------------------------------------------
-    async def bounded(self, awaitable):
-        """Await a tier call within what is left of the request's deadline."""
-        try:
-            async with asyncio.timeout(self.deadline.remaining()) as scope:
-                return await awaitable
-        except TimeoutError:
-            if not scope.expired():
-                raise
-        await self._end(Outcome.CANCELLED, None)
-        raise self._deadline_error()
+    async def _drop_permit(self, permit: Permit) -> None:
+        # No call was made: frees a half-open probe slot; not counted.
+        await self.limits.breakers.record(permit, Outcome.CANCELLED)
 
-    async def attempt_failed(self, exc: BaseException) -> None:
-        """The call failed before any output: nothing was consumed."""
-        if isinstance(exc, TierFailure):
-            self.failure = f"{self.permit.name if self.permit else '?'}: {exc}"
-            outcome = Outcome.FAILURE
-        elif isinstance(exc, (TierUnfit, GatewayError)):
-            outcome = Outcome.CLIENT_ERROR          # the request's fault (or fit), never the tier's
-        else:
-            outcome = Outcome.CANCELLED
-        await self._end(outcome, None)
-
-    async def answered(self, usage: Usage) -> None:
-        """A whole (non-streamed) answer: the breaker counts a success, the budget its usage."""
-        await self._end(Outcome.SUCCESS, self._charge(usage, 0))
-
-    async def stream_finished(self, failed: bool, usage: Usage, events: int) -> None:
-        """The end of a relayed stream (done, failed midway, or the client left)."""
-        if self.permit is not None or self.reservation is not None:
-            await self._end(Outcome.FAILURE if failed else Outcome.SUCCESS, self._charge(usage, events))
-        await self.finish()
-
-    async def abandon(self) -> None:
-        """Whatever is still held (a cancelled call, an unexpected error) is released uncounted."""
-        if self.permit is not None or self.reservation is not None:
-            await self._end(Outcome.CANCELLED, None)
-
+    # ---- the request's end -------------------------------------------------------------
     async def finish(self) -> None:
-        await self.abandon()
-        if not self.finished:
-            self.finished = True
+        """Once, when the request ends: an attempt still open (a stream whose relay never ran)
+        is given back uncounted, then the request leaves these limits."""
+        if self.finished:
+            return
+        self.finished = True
+        try:
+            if self.current is not None:
+                await self.current.end(Outcome.CANCELLED, None, error_type=CANCELLED)
+        finally:
             self.limits.in_flight -= 1
-
-    def finish_later(self) -> None:
-        """For a stream whose relay never ran: finish in the background."""
-        if not self.finished:
-            self.limits.spawn(self.finish())
-
-    def _charge(self, usage: Usage, events: int) -> tuple[int, int]:
-        if usage.prompt_tokens or usage.completion_tokens:
-            return usage.prompt_tokens, usage.completion_tokens
-        if events:                     # a stream cut short before its usage chunk: one token per event
-            return self.estimate[0], events
-        return self.estimate           # no usage reported: charged what was reserved
-
-    async def _end(self, outcome: Outcome, tokens: tuple[int, int] | None) -> None:
-        permit, reservation = self.permit, self.reservation
-        self.permit = self.reservation = None
-        steps = []
-        if permit is not None:
-            steps.append(self._record(permit, outcome))
-        if reservation is not None:
-            steps.append(self._settle(reservation, tokens))
-        if len(steps) == 2 and self.limits.shared:
-            await asyncio.gather(*steps)       # two Redis round trips at once
-        else:
-            for step in steps:
-                await step
-
-    async def _record(self, permit: Permit, outcome: Outcome) -> None:
-        # Time to first token is seen on streams only (a whole answer's time is not a TTFT).
-        ttft = None
-        first = self.ctx.first_token_at
-        if outcome is Outcome.SUCCESS and self.ctx.stream and first is not None and first >= self.attempt_started:
-            ttft = first - self.attempt_started
-        result = await self.limits.breakers.record(permit, outcome, ttft)
-        self.ctx.breaker_events.append((permit.name, outcome.name.lower()))
-        if result in ("opened", "closed"):
-            self.ctx.breaker_events.append((permit.name, result))
-
-    async def _settle(self, reservation: Reservation, tokens: tuple[int, int] | None) -> None:
-        if tokens is None:
-            await self.limits.budgets.release(reservation)
-        else:
-            await self.limits.budgets.reconcile(reservation, *tokens)
-
-    async def _drop_permit(self) -> None:
-        permit, self.permit = self.permit, None
-        if permit is not None:     # frees a half-open probe slot; not counted
-            await self.limits.breakers.record(permit, Outcome.CANCELLED)
 
     # ---- errors ---------------------------------------------------------------------
     def nothing_left(self, chain: tuple[str, ...], unfit: TierUnfit | None) -> GatewayError:
@@ -258,7 +185,7 @@ class RequestLimits:
         return GatewayError(503, f"no tier could serve the request{tried}", type_="server_error",
                             code="no_tier_available")
 
-    def _deadline_error(self) -> GatewayError:
+    def deadline_error(self) -> GatewayError:
         seconds = self.limits.config.retry.deadline_s
         return GatewayError(504, f"the request did not finish within its deadline of {seconds:g}s",
                             type_="server_error", code="deadline_exceeded")

@@ -70,7 +70,8 @@ class Runtime:
     def tenant(self, name: str) -> TenantConfig:
         return self.config.tenants[name]
 
-    def usable(self, tier_name: str) -> str | None:
+    def unusable_reason(self, tier_name: str) -> str | None:
+        """Why the tier cannot take calls now (still loading, failed to load); None when it can."""
         return self.tiers[tier_name].unusable_reason()
 
     def models_for(self, tenant: TenantConfig) -> list[str]:

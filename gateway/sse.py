@@ -10,10 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
-from collections.abc import AsyncIterator, Callable
-
-log = logging.getLogger(__name__)
+from collections.abc import AsyncIterator
 
 
 def sse_error_event(message: str, type_: str | None = None) -> bytes:
@@ -22,14 +19,13 @@ def sse_error_event(message: str, type_: str | None = None) -> bytes:
 
 
 class SSEResponse:
-    def __init__(self, chunks: AsyncIterator[bytes], headers: dict[str, str],
-                 on_close: Callable[[bool], None] | None = None):
+    def __init__(self, chunks: AsyncIterator[bytes], headers: dict[str, str]):
         self.chunks = chunks
         self.headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
         self.headers += [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
                          (b"x-accel-buffering", b"no")]
-        self.on_close = on_close
         self.status_code = 200
+        self.disconnected = False     # set once sent: whether the client left before the end
 
     async def __call__(self, scope, receive, send) -> None:
         disconnected = False
@@ -63,8 +59,4 @@ class SSEResponse:
                 pumping.cancel()
                 await asyncio.gather(pumping, return_exceptions=True)
             await self.chunks.aclose()   # aborts the tier request if it is still running
-            if self.on_close is not None:
-                try:
-                    self.on_close(disconnected)
-                except Exception:
-                    log.exception("stream close hook failed")
+            self.disconnected = disconnected

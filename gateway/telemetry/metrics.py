@@ -101,7 +101,7 @@ class GatewayMetrics:
         self._collector.breakers = lambda: states
 
     def breaker_events(self, events: Iterable[tuple[str, str]]) -> None:
-        """A request's breaker steps (issue #8's ctx.breaker_events, in order): (tier, event) with
+        """A request's breaker steps (its context's breaker_events, in order): (tier, event) with
         event "open"/"half_open" (call refused), "opened"/"closed" (a transition the request
         caused), or a recorded outcome ("success", "failure", ...: a call was let through)."""
         seen = self._breakers_seen

@@ -2,27 +2,22 @@
 route, one tier span per tier attempt (and the fallbacks between them), and at the end the
 request's metrics.
 
-Duck-typed on the pipeline's objects, so this package still imports nothing from the rest of
-the gateway:
-    ctx   RequestContext: request_id, tenant_class, profile, profile_source, reasons, route_reason,
-          chain, fallbacks, tier, escalated_from, status, error, usage, started / first_token_at /
-          finished_at (perf_counter), and `admission` once budgets are wired (issue #8; optional)
-    call  TierCall: endpoint, alias, body (the parsed OpenAI request); `span` is set here
-    tier  Tier: name, kind ("embedded" | "upstream"), config, in_flight; upstreams: address, port
+At run time this package imports nothing from the rest of the gateway; the request objects it
+reads (RequestContext, TierCall, Tier) are named for type checkers only.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any, Self
+from typing import TYPE_CHECKING
 
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.telemetry.setup import Telemetry
 from gateway.telemetry.tracing import RequestTrace, TierSpan
 
-# error.type of a failed tier span, and the reason of the fallback it caused.
-_FALLBACK_REASONS = {"TierUnfit": "tier_unfit", "TierFailure": "tier_failure", "StopAsyncIteration": "empty_stream"}
-_CANCELLED = ("GeneratorExit", "CancelledError")
+if TYPE_CHECKING:
+    from gateway.context import RequestContext
+    from gateway.tiers.base import Tier, TierCall
 
 
 def start_request(telemetry: Telemetry, scope: dict, traceparent: str | None,
@@ -40,20 +35,18 @@ def start_request(telemetry: Telemetry, scope: dict, traceparent: str | None,
 
 
 class RequestTelemetry:
-    """Held by the request's context (ctx.trace) from the first byte to the last."""
+    """One request's spans and metrics, from the first byte to the last."""
 
-    __slots__ = ("_attempt", "_choices", "_failed", "_metrics", "_record_content", "_seen", "trace")
+    __slots__ = ("_choices", "_metrics", "_record_content", "_seen", "trace")
 
     def __init__(self, metrics: GatewayMetrics, trace: RequestTrace):
         self.trace = trace
         self._metrics = metrics
         self._record_content = False
         self._seen = 0                          # ctx.fallbacks entries already told to the trace
-        self._failed: tuple[str, str] | None = None   # (tier, reason) of the last failed attempt
         self._choices = 1
-        self._attempt: TierAttempt | None = None     # the latest tier attempt
 
-    def routed(self, ctx: Any, record_content: bool) -> None:
+    def routed(self, ctx: RequestContext, record_content: bool) -> None:
         """After classification and routing; `record_content`: the tenant's opt-in."""
         self._record_content = record_content
         trace = self.trace
@@ -65,55 +58,38 @@ class RequestTelemetry:
                  "tiergate.profile.source": ctx.profile_source, "tiergate.route.rule": ctx.route_reason}
         trace.span.set_attributes({k: v for k, v in extra.items() if v is not None})
 
-    def attempt(self, ctx: Any, call: Any, tier: Any) -> TierAttempt:
-        """A tier span for one call to `tier`, set as `call.span` for the tier to fill in."""
-        self._note_fallbacks(ctx, tier.name)
+    def tier_span(self, ctx: RequestContext, call: TierCall, tier: Tier) -> TierSpan:
+        """The span of one call to `tier`, after a fallback event for each tier passed over
+        since the last call (skipped without a call, or called and failed)."""
+        for skip in ctx.fallbacks[self._seen:]:
+            self.trace.fallback_taken(skip.tier, tier.name, skip.reason.value)
+        self._seen = len(ctx.fallbacks)
         body = call.body
         self._choices = body.n
         upstream = tier.kind == "upstream"
         span = self.trace.tier_call(
             tier=tier.name, request_model=tier.config.model if upstream else call.alias, embedded=not upstream,
             operation="chat" if call.endpoint == "chat" else "text_completion",
-            server_address=getattr(tier, "address", None), server_port=getattr(tier, "port", None),
+            server_address=tier.address, server_port=tier.port,
             max_tokens=body.output_limit, temperature=body.temperature, top_p=body.top_p, seed=body.seed,
             stream=body.stream, choice_count=body.n, record_content=self._record_content)
         if span.content_allowed:
             span.record_input(_input_of(call))
-        call.span = span
-        self._attempt = TierAttempt(self, tier, span)
-        return self._attempt
+        return span
 
-    def _note_fallbacks(self, ctx: Any, to_tier: str) -> None:
-        # ctx.fallbacks holds "tier: why" for each tier passed over since the last attempt:
-        # the attempt that just failed, or tiers skipped without a call (not ready, breaker open,
-        # the tier's budget spent).
-        new = ctx.fallbacks[self._seen:]
-        self._seen = len(ctx.fallbacks)
-        failed, self._failed = self._failed, None
-        for entry in new:
-            name, _, why = entry.partition(": ")
-            if failed is not None and name == failed[0]:
-                reason, failed = failed[1], None
-            else:
-                reason = _skip_reason(why)
-            self.trace.fallback_taken(name, to_tier, reason)
-
-    def finish(self, ctx: Any, disconnected: bool = False) -> None:
-        """Once, when the response is done (streams: in their close hook, disconnects included)."""
+    def finish(self, ctx: RequestContext, disconnected: bool = False) -> None:
+        """Once, when the response is done (disconnects included), after every tier span ended."""
         trace, metrics = self.trace, self._metrics
-        attempt = self._attempt
-        if attempt is not None and attempt.open:
-            # A stream closed before its relay ever ran (the client left at once): end it here.
-            attempt.fail("cancelled")
-            attempt.end()
         tenant_class = ctx.tenant_class or "none"
-        breaker_events = getattr(ctx, "breaker_events", None)   # issue #8, when wired
-        if breaker_events:
-            metrics.breaker_events(breaker_events)
-        decision, reason = _budget(getattr(ctx, "admission", None))
-        if decision is not None:
-            trace.budget(decision, reason, tenant_class=ctx.tenant_class)
-            if decision == "reject":
+        if ctx.breaker_events:
+            metrics.breaker_events(ctx.breaker_events)
+        admission = ctx.admission
+        if admission is not None:
+            if admission.allowed:
+                trace.budget("allow", None, tenant_class=ctx.tenant_class)
+            else:
+                reason = admission.limit_kind or admission.reason
+                trace.budget("reject", reason, tenant_class=ctx.tenant_class)
                 metrics.budget_rejected(tenant_class=tenant_class, reason=reason or "unknown")
         error_type = error_reason = None
         if disconnected:
@@ -139,93 +115,7 @@ class RequestTelemetry:
                                 error_reason=error_reason, choices=self._choices)
 
 
-class TierAttempt:
-    """One call to one tier: its span and the tier's in-flight count. Ends exactly once."""
-
-    __slots__ = ("_open", "_owner", "span", "tier")
-
-    def __init__(self, owner: RequestTelemetry, tier: Any, span: TierSpan):
-        self._owner = owner
-        self.tier = tier
-        self.span = span
-        self._open = True
-        tier.in_flight += 1
-
-    @property
-    def open(self) -> bool:
-        return self._open
-
-    def fail(self, error_type: str) -> None:
-        self.span.fail(error_type)
-
-    def end(self) -> None:
-        if self._open:
-            self._open = False
-            self.tier.in_flight -= 1
-            self.span.end()
-
-    def _failed(self, exc_type: type[BaseException]) -> None:
-        name = exc_type.__name__
-        if name in _CANCELLED:   # the client left: not the tier's failure
-            self.span.fail("cancelled")
-            return
-        reason = _FALLBACK_REASONS.get(name)
-        self.span.fail(reason or name)
-        if reason is not None:
-            self._owner._failed = (self.tier.name, reason)
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is not None:
-            self._failed(exc_type)
-        self.end()
-
-    def streaming(self) -> _UntilStreaming:
-        """Around the wait for a stream's first chunk: a failure ends the attempt; success leaves
-        it open for the relay, which ends it when the stream closes."""
-        return _UntilStreaming(self)
-
-
-class _UntilStreaming:
-    __slots__ = ("attempt",)
-
-    def __init__(self, attempt: TierAttempt):
-        self.attempt = attempt
-
-    def __enter__(self) -> TierAttempt:
-        return self.attempt
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is not None:
-            self.attempt._failed(exc_type)
-            self.attempt.end()
-
-
-def _skip_reason(why: str) -> str:
-    """A low-cardinality class of the text the router (or issue #8's admission) gave."""
-    if why == "still loading" or why.startswith("failed"):
-        return "not_ready"
-    if "circuit breaker" in why:
-        return "breaker_open"
-    if "limit" in why:
-        return "tier_budget"
-    if why.startswith("busy"):
-        return "tier_busy"
-    return "skipped"
-
-
-def _budget(admission: Any) -> tuple[str | None, str | None]:
-    """("allow" | "reject", rejection reason) from issue #8's admission, if the request has one."""
-    if admission is None or not hasattr(admission, "allowed"):
-        return None, None
-    if admission.allowed:
-        return "allow", None
-    return "reject", getattr(admission, "limit_kind", None) or getattr(admission, "reason", None)
-
-
-def _input_of(call: Any) -> list[dict] | str:
+def _input_of(call: TierCall) -> list[dict] | str:
     body = call.body
     if call.endpoint == "chat":
         return [{"role": m.role, "content": m.text()} for m in body.messages]

@@ -23,6 +23,10 @@ class TierFailure(Exception):
     """A server-side failure of one tier."""
 
 
+class EmptyStream(TierFailure):
+    """The tier's stream ended before its first chunk: a failure, told apart in spans."""
+
+
 class TierUnfit(Exception):
     """This tier cannot take the request; `error` is what the client gets if no tier can."""
 
@@ -59,6 +63,8 @@ class Tier:
     """Base of both tier kinds. `state` is "loading", "ready" or "failed"."""
 
     kind = "abstract"
+    address: str | None = None           # where a remote tier listens (for its spans)
+    port: int | None = None
 
     def __init__(self, name: str, config):
         self.name = name

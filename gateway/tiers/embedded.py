@@ -16,7 +16,8 @@ from collections.abc import AsyncIterator
 
 from engines.async_engine import AsyncEngine, EngineDeadError
 from engines.chat_template import ChatTemplateError
-from engines.errors import ModelLoadError
+from engines.errors import ModelLoadError, RequestTooLongError
+from engines.quantization.calibration import CalibrationSource
 from engines.sampling_params import InvalidRequestError, SamplingParams
 from gateway.context import Usage
 from gateway.errors import GatewayError
@@ -164,12 +165,11 @@ class EmbeddedTier(Tier):
                     frequency_penalty=body.frequency_penalty or 0.0, logprobs=bool(want_lp), top_logprobs=top)
                 try:
                     self.engine.engine.check_request(ids, params)
+                except RequestTooLongError as exc:   # a larger tier may take it
+                    raise TierUnfit(GatewayError(400, str(exc), param="messages" if chat else "prompt",
+                                                 code="context_length_exceeded")) from None
                 except InvalidRequestError as exc:
-                    text = str(exc)
-                    if "context length" in text or "KV cache capacity" in text:
-                        raise TierUnfit(GatewayError(400, text, param="messages" if chat else "prompt",
-                                                     code="context_length_exceeded")) from None
-                    raise GatewayError(400, text, param=exc.param) from None
+                    raise GatewayError(400, str(exc), param=exc.param) from None
                 jobs.append((p_index * body.n + i, ids, params))
         return jobs
 

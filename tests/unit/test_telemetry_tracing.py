@@ -285,10 +285,9 @@ def _everything(spans) -> str:
     return "\n".join(parts)
 
 
-@pytest.mark.parametrize("why, reason", [
-    ("still loading", "not_ready"), ("failed: no weights", "not_ready"),
-    ("circuit breaker open (retry in 1.0s)", "breaker_open"), ("tpm limit of the tier reached", "tier_budget"),
-    ("busy (8 calls in flight)", "tier_busy"), ("something new", "skipped")])
-def test_fallback_reasons_are_a_small_fixed_set(why, reason):
-    from gateway.telemetry.request import _skip_reason
-    assert _skip_reason(why) == reason
+def test_fallback_reasons_are_a_small_fixed_set():
+    from gateway.skips import Skip, SkipReason
+    assert {r.value for r in SkipReason} == {"not_ready", "tier_busy", "breaker_open", "tier_budget", "tier_unfit",
+                                             "tier_failure", "empty_stream"}
+    skip = Skip("small", SkipReason.BREAKER_OPEN, "circuit breaker open (retry in 1.0s)")
+    assert str(skip) == "small: circuit breaker open (retry in 1.0s)" and skip.reason == "breaker_open"
