@@ -49,8 +49,6 @@ class _Picked(NamedTuple):
 
 
 class LLMEngine:
-    spec_supported = True        # speculative decoding (EngineConfig.speculative) is implemented
-
     def __init__(self, loaded: LoadedModel, config: EngineConfig | None = None, identity: str | None = None):
         self.loaded = loaded
         self.config = config = config or EngineConfig()

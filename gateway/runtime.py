@@ -46,7 +46,7 @@ class Runtime:
     # Whether some upstream tier of an alias checks context length itself (needs an estimate).
     estimates: dict[str, bool] = field(init=False)
     max_body_bytes: int = field(init=False)
-    # Budgets, breakers and retry budget (issue #8): set by the holder when the app starts and
+    # Budgets, breakers and retry budget: set by the holder when the app starts and
     # carried over (or reconfigured) on each reload; see gateway/limits.py.
     limits: GatewayLimits | None = field(default=None, init=False)
 

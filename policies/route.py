@@ -1,13 +1,13 @@
 """Choose the tiers that may answer a request: (tenant, model alias, profile, rules) -> an
 ordered fallback chain, plus the escalation rule for non-streaming answers.
 
-Pure decisions: whether a tier is loaded or healthy is the gateway's business; it walks
-the chain with `next_candidate` and the predicates it knows.
+Pure decisions: whether a tier is loaded or healthy is the gateway's business; it walks the
+chain (gateway/chain_walk.py) and records each tier it passes over as a typed skip.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from policies.policy_config import EscalationConfig, ModelAliasConfig, RouteRule
@@ -62,18 +62,6 @@ class Router:
             if rule.matches(tenant, tenant_class, model, profile):
                 return RouteDecision(rule.chain, rule.escalate, rule.label)
         return RouteDecision(tuple(alias.chain), alias.escalate, f"model {model} chain")
-
-
-def next_candidate(chain: Sequence[str], start: int, usable: Callable[[str], str | None]) -> tuple[int, list[str]]:
-    """Index of the first tier from `start` on that `usable` accepts (returns None for usable,
-    else why not), and the skip reasons on the way. Index len(chain) when none is left."""
-    skipped = []
-    for i in range(start, len(chain)):
-        why_not = usable(chain[i])
-        if why_not is None:
-            return i, skipped
-        skipped.append(f"{chain[i]}: {why_not}")
-    return len(chain), skipped
 
 
 def mean_logprob(logprobs: Sequence[float]) -> float | None:

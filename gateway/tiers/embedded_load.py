@@ -1,7 +1,8 @@
 """Build one embedded tier's engine from its YAML settings (runs in a worker thread).
 
-Options the engine does not support yet (speculative decoding, a KV dtype) do not stop the
-tier: it runs without them and says so at start and in /readyz.
+Weights that cannot be quantized as asked, or a KV dtype the engine cannot build on this
+device, do not stop the tier: it runs without them and says so at start and in /readyz
+(`runs_without`).
 """
 
 from __future__ import annotations
@@ -25,10 +26,6 @@ TIER_ONLY_FIELDS = frozenset({"kind", "model", "served_name", "dtype", "device",
                               "quant_group_size", "max_in_flight"})
 # YAML name -> engine name, where they differ: the YAML takes a size with its unit ("512MiB").
 ENGINE_FIELD_NAMES = {"kv_cache_memory": "kv_cache_memory_bytes"}
-
-
-def speculation_supported() -> bool:
-    return bool(getattr(LLMEngine, "spec_supported", False))
 
 
 def _weights_source(name: str, cfg: EmbeddedTierConfig, calibration: CalibrationSource | None,
@@ -62,13 +59,7 @@ def build_engine(name: str, cfg: EmbeddedTierConfig,
                  calibration: CalibrationSource | None = None) -> tuple[LLMEngine, list[str]]:
     notes: list[str] = []
     loaded = load_model(_weights_source(name, cfg, calibration, notes), cfg.dtype, device=cfg.device)
-    spec = None
-    if cfg.speculative is not None:
-        if speculation_supported():
-            spec = speculative_config(cfg.speculative)
-        else:
-            notes.append("speculative decoding (not in this engine yet)")
-            log.warning("tier %s: this engine has no speculative decoding yet; the tier decodes without it", name)
+    spec = None if cfg.speculative is None else speculative_config(cfg.speculative)
 
     def make(kv_dtype: str | None) -> LLMEngine:
         return LLMEngine(loaded, engine_config(cfg, kv_dtype, spec))
@@ -80,7 +71,7 @@ def build_engine(name: str, cfg: EmbeddedTierConfig,
         if kv is None:
             raise
         notes.append(f"{kv} KV cache ({exc}): KV in {cfg.dtype}")
-        log.warning("tier %s: %s KV cache is not supported by this engine yet (%s); KV stays %s",
+        log.warning("tier %s: cannot build a %s KV cache (%s); KV stays %s",
                     name, kv, exc, cfg.dtype)
         engine = make(None)
     return engine, notes

@@ -74,7 +74,6 @@ def _assert_no_leak(engine: LLMEngine) -> None:
 @pytest.mark.parametrize("method", ["ngram", "draft", "self"])
 def test_greedy_with_speculation_equals_plain_decoding(real_fp32, plain, int4_copy, method):
     engine = _engine(real_fp32, _spec(method, int4_copy))
-    assert LLMEngine.spec_supported
     outputs = engine.generate(_prompts(real_fp32), SamplingParams(max_tokens=MAX_TOKENS, temperature=0))
     assert outputs == plain
     stats = engine.stats.spec[method]

@@ -3,7 +3,7 @@ from pathlib import Path
 import pytest
 
 from policies.config import ConfigError, load_config, parse_config
-from policies.route import Router, mean_logprob, next_candidate, should_escalate
+from policies.route import Router, mean_logprob, should_escalate
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -49,17 +49,6 @@ def test_rules_match_tenant_class_profile_and_model_else_alias_chain():
     assert not router.knows("m3")
     with pytest.raises(KeyError):
         router.route("other", "std", "m3", "latency")
-
-
-def test_fallback_walks_the_chain_and_says_why():
-    state = {"a": "still loading", "b": None, "c": "failed: boom", "d": None}
-    chain = ("a", "b", "c", "d")
-    index, skipped = next_candidate(chain, 0, state.get)
-    assert (index, skipped) == (1, ["a: still loading"])
-    index, skipped = next_candidate(chain, index + 1, state.get)       # b failed at call time: go on
-    assert (index, skipped) == (3, ["c: failed: boom"])
-    assert next_candidate(chain, 4, state.get) == (4, [])
-    assert next_candidate(("a", "c"), 0, state.get) == (2, ["a: still loading", "c: failed: boom"])
 
 
 def test_escalation_decision():
