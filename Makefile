@@ -1,5 +1,8 @@
 # Two commands on a fresh machine: `make serve` and `make test`.
 # Each creates the virtual environment in .venv the first time.
+# `make test` runs the fast tests (-m "not slow"); `make test-slow` the long real-model and
+# multi-process ones (-m slow). CI runs both. Both selections must stay non-empty: pytest exits
+# 5 when a marker selects no test, which fails the target.
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -8,7 +11,7 @@ PIP := $(PY) -m pip --disable-pip-version-check -q
 BASE_STAMP := $(VENV)/.base-installed
 TEST_STAMP := $(VENV)/.test-installed
 
-.PHONY: install install-test serve test test-fast bench-decode clean-cache
+.PHONY: install install-test serve test test-slow bench-decode clean-cache
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -30,10 +33,10 @@ serve: install
 	$(VENV)/bin/tiergate serve --config config/default.yaml
 
 test: install-test
-	$(PY) -m pytest -q
-
-test-fast: install-test
 	$(PY) -m pytest -q -m "not slow"
+
+test-slow: install-test
+	$(PY) -m pytest -q -m slow
 
 bench-decode: install-test
 	$(VENV)/bin/tiergate bench decode --json docs/bench/decode.json

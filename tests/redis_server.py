@@ -50,7 +50,7 @@ class RedisServer:
     def running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
-    def start(self, timeout: float = 10.0) -> RedisServer:
+    def start(self, timeout: float = 60.0) -> RedisServer:
         assert not self.running, "already running"
         self._proc = subprocess.Popen(
             [REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",

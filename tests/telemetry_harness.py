@@ -44,7 +44,7 @@ class RecordingUpstream:
                                                    access_log=False, lifespan="off"))
         self.thread = threading.Thread(target=self.server.run, name="recording-upstream", daemon=True)
         self.thread.start()
-        deadline = time.time() + 30
+        deadline = time.time() + 120
         while not self.server.started:
             if time.time() > deadline:
                 raise RuntimeError("recording upstream did not start")

@@ -1,5 +1,6 @@
 """The batching engine on the real model in fp32: batched == alone, preemption, no block
-leaks, prefix cache hits, stop strings, aborts."""
+leaks, prefix cache hits, stop strings, aborts; and the bf16 paged-attention path against the
+contiguous one (the quantized KV caches, int8 included, are in tests/unit/test_quantization_kv.py)."""
 
 from __future__ import annotations
 
@@ -137,66 +138,48 @@ def test_max_tokens_gives_length_and_bad_requests_are_rejected(real_fp32):
     assert len(outs) == 5 and outs[-1].finish_reason == "length" and outs[-1].completion_tokens == 5
 
 
-def test_bf16_paged_attention_matches_contiguous_reference():
-    """bf16 runs the pair-packed pool and bf16 dot-product kernel: its logits stay within
-    bf16 noise of the contiguous SDPA path, on prefill and on the following decodes."""
+def test_bf16_paged_attention_matches_contiguous_reference(real_fp32):
+    """bf16 runs the pair-packed pool and bf16 dot-product kernel. How far bf16 logits lie from
+    fp32 depends on the CPU's bf16 GEMMs (AVX2, AVX-512, AMX round differently), so the paged path
+    is judged against the fp32 model relative to the contiguous SDPA path in bf16 on the same
+    machine: over a prefill and the following decodes its error is no worse than 2x the
+    contiguous path's (measured about 1x, with single steps between 0.2x and 1.9x, hence the
+    aggregate). A layout bug (a wrong block, slot or pair) gives errors of O(1) and more, many
+    times the bf16 noise of any CPU."""
     import torch
 
     from engines.attention.contiguous import ContiguousAttention
     from engines.loaded_model import load_model
 
+    steps = 8
     loaded = load_model("default", "bfloat16")
     engine = _engine(loaded, max_num_batched_tokens=2048)     # the whole prompt in one step
     assert engine.pool.pack == 2
     prompt = _prompts(loaded)[10]                         # the long one: several blocks
-    engine.add_request("x", prompt, SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
-    ref_attn = ContiguousAttention(loaded.config, len(prompt) + 4, torch.bfloat16)
+    engine.add_request("x", prompt, SamplingParams(max_tokens=steps, temperature=0, ignore_eos=True))
+    contiguous = {name: (lm, ContiguousAttention(lm.config, len(prompt) + steps, dtype))
+                  for name, lm, dtype in (("bf16", loaded, torch.bfloat16), ("fp32", real_fp32, torch.float32))}
     ids, start = list(prompt), 0
-    for _ in range(4):
+    paged_err, contiguous_err = [], []
+    for _ in range(steps):
         plan = engine.scheduler.schedule()
         sampling, logits = engine.runner.execute(plan.scheduled)
         for s in plan.scheduled:
             s.seq.num_computed_tokens += s.num_tokens
-        ref_attn.begin_step(start, len(ids) - start)
-        hidden = loaded.model(torch.tensor(ids[start:]), torch.arange(start, len(ids)), ref_attn)
-        ref = loaded.model.compute_logits(hidden[-1:])
-        diff = (logits - ref).abs()
-        # bf16 noise through 30 layers: mean ~0.1 on AVX-512, ~0.25 with AMX GEMMs (Xeon); a layout bug gives O(1)+
-        assert diff.max().item() < 1.5 and diff.mean().item() < 0.35
-        token = int(ref.argmax())
+        ref = {}
+        for name, (lm, attn) in contiguous.items():
+            attn.begin_step(start, len(ids) - start)
+            with torch.no_grad():
+                hidden = lm.model(torch.tensor(ids[start:]), torch.arange(start, len(ids)), attn)
+                ref[name] = lm.model.compute_logits(hidden[-1:]).float()
+        paged_err.append((logits.float() - ref["fp32"]).abs())
+        contiguous_err.append((ref["bf16"] - ref["fp32"]).abs())
+        token = int(ref["fp32"].argmax())                 # every path continues with the same tokens
         sampling[0].seq.output_ids.append(token)
         start = len(ids)
         ids.append(token)
-
-
-def test_int8_kv_cache_logits_and_capacity():
-    """int8 KV (per-token, per-head fp16 scales) holds >= 1.9x the tokens of bf16 KV in the
-    same memory, and its logits stay close to the bf16-KV engine's on prefill and decode."""
-    import torch
-
-    from engines.loaded_model import load_model
-
-    loaded = load_model("default", "bfloat16")
-    budget = 64 * 2**20
-    bf16 = _engine(loaded, kv_cache_memory_bytes=budget, max_num_batched_tokens=2048)
-    int8 = _engine(loaded, kv_cache_memory_bytes=budget, max_num_batched_tokens=2048, kv_cache_dtype="int8")
-    assert int8.pool.capacity_tokens >= 1.9 * bf16.pool.capacity_tokens
-    assert int8.pool.nbytes <= budget
-    assert "kv=torch.int8" in int8.identity          # prefix-cache hashes differ by KV dtype
-    prompt = _prompts(loaded)[10]
-    logits = {}
-    for name, engine in (("bf16", bf16), ("int8", int8)):
-        engine.add_request("x", prompt, SamplingParams(max_tokens=3, temperature=0, ignore_eos=True))
-        steps = []
-        for token in (None, 100, 200):
-            plan = engine.scheduler.schedule()
-            _, step_logits = engine.runner.execute(plan.scheduled)
-            for s in plan.scheduled:
-                s.seq.num_computed_tokens += s.num_tokens
-                s.seq.output_ids.append(token or 7)          # same continuation for both engines
-            steps.append(step_logits)
-        logits[name] = torch.cat(steps)
-    diff = (logits["int8"] - logits["bf16"]).abs()
-    # Quantization noise (held-out perplexity moves by ~0.1 %, see `tiergate eval ppl`); a
-    # layout or scale bug gives differences of several units everywhere.
-    assert diff[0].mean().item() < 0.3 and diff.mean().item() < 0.6   # 0.19 seen with AMX bf16 GEMMs (Xeon)
+    paged, contig = torch.cat(paged_err), torch.cat(contiguous_err)
+    report = (f"|paged - fp32| mean {paged.mean():.3f} max {paged.max():.3f}; "
+              f"|contiguous - fp32| mean {contig.mean():.3f} max {contig.max():.3f}")
+    assert contig.max() > 0, "the bf16 model computed in fp32: the comparison proves nothing"
+    assert paged.mean() <= 2 * contig.mean() and paged.max() <= 2 * contig.max(), report

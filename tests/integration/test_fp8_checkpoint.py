@@ -107,15 +107,25 @@ def test_per_tensor_fp8_checkpoint_computes_its_dequantized_weights(tmp_path, so
     q_rows = loaded.config.num_attention_heads * loaded.config.head_dim
     assert torch.unique(qkv.weight_scale[:q_rows]).numel() == 1
     assert torch.unique(qkv.weight_scale).numel() == 3
-    # The reference: a plain bf16 model holding q * scale (rounded to bf16; the FP8 module keeps
-    # the e4m3 weight exact and applies the scale to the output, so the two differ by rounding).
-    ref = load_model("default", "bfloat16")
-    load_hf_state_dict(ref.model, {**hf, **dequantized})
-    ref.model.pack_weights()
+    # The reference: the fp32 model holding q * scale exactly. The FP8 module keeps the e4m3 weight
+    # exact and applies the scale to the output, in bf16; how far bf16 lands from fp32 depends on
+    # the CPU's bf16 GEMMs, so its error is judged relative to that of a plain bf16 model holding
+    # q * scale (rounded to bf16), on the same machine: measured 1.1x; a wrong scale or layout is
+    # off by whole units everywhere. (A fixed bf16-vs-bf16 bound, 3 % of the logits' mean, was
+    # met by 0.0286 on an AVX2 CPU: a threshold of one machine.)
+    exact = load_model("default", "float32")
+    load_hf_state_dict(exact.model, {**hf, **dequantized})
+    exact.model.pack_weights()
+    plain = load_model("default", "bfloat16")
+    load_hf_state_dict(plain.model, {**hf, **dequantized})
+    plain.model.pack_weights()
     ids = _ids(loaded)
-    got, want = _logits(loaded.model, ids), _logits(ref.model, ids)
-    assert (got - want).abs().mean() < 0.03 * want.abs().mean()
-    assert (got.argmax(-1) == want.argmax(-1)).float().mean() > 0.95
+    with torch.no_grad():
+        want = _logits(exact.model, ids).float()
+        got = (_logits(loaded.model, ids).float() - want).abs()
+        bf16 = (_logits(plain.model, ids).float() - want).abs()
+    assert bf16.max() > 0, "the bf16 model computed in fp32: the comparison proves nothing"
+    assert got.mean() <= 2 * bf16.mean() and got.max() <= 2 * bf16.max(), (got.mean(), bf16.mean())
 
 
 def test_unsupported_fp8_variants_fail_with_one_line(tmp_path, source):

@@ -42,6 +42,7 @@ def _breaker(replicas: Replicas):
     return asyncio.run(_state(replicas, "primary"))
 
 
+@pytest.mark.slow
 def test_breaker_state_is_shared_by_replicas_and_probes_close_it(request):
     replicas = shared(request, "budget-replicas", Replicas)
     a, b = replicas.bases

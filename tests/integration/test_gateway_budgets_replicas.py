@@ -26,6 +26,8 @@ from policies.config import hash_api_key
 from tests.gateway_harness import free_port, shared
 from tests.redis_server import launch
 
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[2]
 QUOTA_KEY = "sk-quota-00000001"
 APP_KEY = "sk-app-000000002"

@@ -188,6 +188,7 @@ def _attrs(span: PbSpan) -> dict:
     return out
 
 
+@pytest.mark.slow
 def test_serve_exports_spans_over_otlp_from_the_environment(tmp_path, upstream):
     receiver = Receiver()
     port = free_port()

@@ -69,6 +69,7 @@ def test_bad_config_file(tmp_path):
     _assert_one_line_error(proc, "tiers.small.dtype")
 
 
+@pytest.mark.slow          # dequantizes the real GGUF
 def test_gguf_cache_is_reused(tmp_path, default_gguf, monkeypatch):
     """The second start reads the cached safetensors copy, never the GGUF."""
     from engines.loaders import gguf_cache

@@ -1,6 +1,10 @@
 """A real redis-server killed (SIGKILL, no persistence) and restarted on the same port while
 requests run: the policy decides (fail-open: local limiter; fail-closed: 503), the client
-reconnects by itself, and no reconciliation is lost."""
+reconnects by itself, and no reconciliation is lost.
+
+Nothing here depends on how fast the machine is: the tests wait for conditions (with deadlines
+far above what they need) instead of sleeping for fixed times, and they check what must hold
+whatever the timing turned out to be."""
 
 from __future__ import annotations
 
@@ -85,27 +89,26 @@ async def test_redis_killed_mid_load(server, policy):
         "api_keys": {"default": {"rpm": 100_000}}})
     budgets = Budgets.from_config(cfg)
     load = Load(budgets)
-    assert await wait_for(lambda: len(load.done) >= 50, 10)
+    assert await wait_for(lambda: len(load.done) >= 50, 60)
 
     await asyncio.to_thread(server.kill)
     killed_at = len(load.done)
-    await asyncio.sleep(0.8)
-    during = load.done[killed_at:]
-    if policy == "closed":
-        assert load.unavailable > 0 and load.retry_afters == {0.1}   # 503s with Retry-After
+    if policy == "closed":                                           # 503s with Retry-After
+        assert await wait_for(lambda: load.unavailable >= 20, 60)
+        assert load.retry_afters == {0.1}
         assert not any(d.degraded for d in load.done)
-    else:
+    else:                                                            # the local limiter admits
+        assert await wait_for(lambda: sum(d.degraded for d in load.done[killed_at:]) >= 20, 60)
         assert load.unavailable == 0
-        assert sum(d.degraded for d in during) >= 20                 # the local limiter admitted
     assert budgets.pending_replays > 0
 
     await asyncio.to_thread(server.start)                            # same port, empty data
     restarted_at = len(load.done)
     recovered = await wait_for(
-        lambda: sum(not d.degraded and d.status is FinishStatus.APPLIED for d in load.done[restarted_at:]) >= 30, 5)
+        lambda: sum(not d.degraded and d.status is FinishStatus.APPLIED for d in load.done[restarted_at:]) >= 30, 60)
     assert recovered, "did not go back to Redis by itself after the restart"
     await load.finish()
-    assert await budgets.flush(5), "queued reconciliations were not replayed"
+    assert await budgets.flush(60), "queued reconciliations were not replayed"
 
     # Every reconciliation queued during the outage, or made after the restart, is in Redis.
     client = aioredis.Redis.from_url(server.url)
@@ -137,14 +140,13 @@ async def test_scripts_are_reloaded_after_a_restart(server):
     await client.aclose()
     assert (await budgets.reserve(ACME, 1, 1)).allowed
     await asyncio.to_thread(server.restart)
-    await asyncio.sleep(0.06)
     admission = None
-    for _ in range(3):                   # the first call may meet a connection the kill closed
-        try:
-            admission = await budgets.reserve(ACME, 1, 1)
-            break
+    deadline = time.monotonic() + 60
+    while admission is None and time.monotonic() < deadline:
+        try:                             # the first call may meet a connection the kill closed;
+            admission = await budgets.reserve(ACME, 1, 1)     # then Redis is skipped for 50 ms
         except BudgetStoreUnavailable:
-            await asyncio.sleep(0.06)
+            await asyncio.sleep(0.02)
     assert admission is not None and admission.allowed and not admission.degraded
     await budgets.close()
 
@@ -164,7 +166,7 @@ async def test_local_limiter_while_down_then_replay(server):
     assert await budgets.reconcile(a.reservation, 10, 5) is FinishStatus.DUPLICATE
     await budgets.release(b.reservation)
     await asyncio.to_thread(server.start)
-    assert await budgets.flush(3)
+    assert await budgets.flush(60)
     usage = await budgets.usage("t:acme")
     assert (usage.used_tokens_day, usage.reserved_tokens_day) == (15, 0)   # counted once, in Redis
     fresh = await budgets.reserve(ACME, 10, 10)
@@ -182,33 +184,55 @@ async def test_local_limiter_while_down_then_replay(server):
 
 async def test_a_reserve_that_timed_out_after_running_holds_nothing(server):
     """Redis is busy: our reserve times out client-side but runs later. The queued release frees
-    it, so no phantom reservation holds capacity until its expiry."""
+    it, so no phantom reservation holds capacity until its expiry.
+
+    For the scenario our reserve must reach Redis while a long script runs. The script is sent
+    first, but on another connection, so the order in which Redis reads the two is up to the
+    scheduler: a round in which our reserve got in first (it is then simply admitted by Redis)
+    proves nothing and is repeated, waiting longer before the reserve. Whatever happened, every
+    reservation Redis holds must be one the client knows it holds."""
     prefix = "b" + uuid.uuid4().hex[:8]
     cfg = LimitsConfig.model_validate({
         "store": {"backend": "redis", "url": server.url, "key_prefix": prefix, "on_store_failure": "open",
-                  "timeout_s": 0.1, "reconnect_interval_s": 0.05},
-        "tenants": {"by_id": {"acme": {"max_concurrent": 10, "tokens_per_day": 1000}}}})
+                  "timeout_s": 0.5, "reconnect_interval_s": 0.05},
+        "tenants": {"by_id": {"acme": {"max_concurrent": 10, "tokens_per_day": 10_000}}}})
     budgets = Budgets.from_config(cfg)
-    assert (await budgets.reserve(ACME, 1, 1)).allowed     # scripts loaded, a connection open
+    held: list = []                 # reservations Redis admitted and we hold (never finished)
+    degraded: list = []             # admitted locally after a timeout: Redis must end up holding none
     blocker = aioredis.Redis.from_url(server.url)
-    busy = asyncio.create_task(blocker.eval(
-        "local s = redis.call('TIME')[1] + 0 local t repeat t = redis.call('TIME') "
-        "until t[1] + t[2] / 1e6 > s + 1.5 return 1", 0))
-    await asyncio.sleep(0.05)
-    timed_out = await budgets.reserve(ACME, 100, 100)
-    assert timed_out.allowed and timed_out.degraded
-    await busy
-    await blocker.aclose()
-    assert await budgets.flush(3)
-    await asyncio.sleep(0.1)
-    usage = await budgets.usage("t:acme")
-    assert usage.in_flight == 1 and usage.reserved_tokens_day == 2          # only the first one
     client = aioredis.Redis.from_url(server.url)
-    keys = [k async for k in client.scan_iter(match=f"{{{prefix}}}:res:*")]
-    statuses = sorted([await client.hget(k, "st") for k in keys])
-    await client.aclose()
-    assert len(statuses) == 2 and statuses.count(b"d") == 1     # the late-running reserve was released
-    await budgets.close()
+    try:
+        first = await budgets.reserve(ACME, 1, 1)      # scripts loaded, a connection open
+        (degraded if first.degraded else held).append(first)
+        for wait in (0.05, 0.1, 0.2, 0.4, 0.8, 1.2):
+            busy = asyncio.create_task(blocker.eval(
+                "local s = redis.call('TIME')[1] + 0 local t repeat t = redis.call('TIME') "
+                "until t[1] + t[2] / 1e6 > s + 2.5 return 1", 0))
+            await asyncio.sleep(wait)
+            late = await budgets.reserve(ACME, 100, 100)
+            assert late.allowed
+            (degraded if late.degraded else held).append(late)
+            await busy
+            assert await budgets.flush(60)
+            if late.degraded:
+                break
+        assert degraded, "no reserve ever reached Redis during the busy script"
+        # In either order: a release that lands first leaves a tombstone, which the late reserve
+        # then meets as a duplicate id, reserving nothing.
+        assert await budgets.flush(60)
+        usage = await budgets.usage("t:acme")
+        assert usage.in_flight == len(held)
+        assert usage.reserved_tokens_day == sum(a.reservation.tokens for a in held)
+        keys = [k async for k in client.scan_iter(match=f"{{{prefix}}}:res:*")]
+        states = {k.decode().rsplit(":", 1)[1]: await client.hget(k, "st") for k in keys}
+        # Held ones are held; a degraded one that ran late was released (one that never ran is absent).
+        assert {a.reservation.id for a in held} == {rid for rid, st in states.items() if st == b"h"}
+        assert all(st == b"d" for rid, st in states.items() if rid not in {a.reservation.id for a in held})
+        assert any(st == b"d" for st in states.values()), "the queued release never reached Redis"
+    finally:
+        await blocker.aclose()
+        await client.aclose()
+        await budgets.close()
 
 
 async def test_usage_admitted_while_down_survives_the_release_replay(server):
@@ -223,9 +247,9 @@ async def test_usage_admitted_while_down_survives_the_release_replay(server):
     admitted = await budgets.reserve(ACME, 10, 10)
     assert admitted.allowed and admitted.degraded
     await asyncio.to_thread(server.start)
-    assert await budgets.flush(3)                       # the queued release lands first
+    assert await budgets.flush(60)                      # the queued release lands first
     assert await budgets.reconcile(admitted.reservation, 10, 5) is FinishStatus.QUEUED
-    assert await budgets.flush(3)
+    assert await budgets.flush(60)
     usage = await budgets.usage("t:acme")
     assert (usage.used_tokens_day, usage.reserved_tokens_day) == (15, 0)
     await budgets.close()

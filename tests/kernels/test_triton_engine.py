@@ -125,6 +125,7 @@ def test_quantized_linears_run_the_triton_gemms_inside_the_model(tiny_path, meth
     assert (triton_logits - cpu).abs().max() < tol
 
 
+@pytest.mark.slow          # ~30 s of interpreted GEMV launches; the other tests here cover the engine fast
 def test_int4_engine_decodes_batch1_through_the_gemv_with_the_reference_paths_tokens(tiny_path, monkeypatch):
     """One sequence: prefill chunks run the W4A16 tiles, every decode step the batch-1 GEMV.
     Greedy tokens equal those of the torch reference W4A16 (the nibble form dequantized, fp32),

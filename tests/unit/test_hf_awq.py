@@ -10,6 +10,7 @@ from safetensors.torch import load_file, save_file
 from engines.attention.contiguous import ContiguousAttention
 from engines.loaded_model import load_model
 from engines.loaders.hf_awq import AWQ_ORDER, pack_awq, unpack_awq
+from engines.model.weights import load_hf_state_dict
 from engines.quantization.int4 import Int4Linear
 from tests.tiny_models import write_tiny_checkpoint
 
@@ -75,4 +76,18 @@ def test_awq_checkpoint_loads_and_matches_its_dequantized_weights(tmp_path):
     ours = loaded.model.compute_logits(loaded.model(ids, torch.arange(len(ids)), attn))
     with torch.no_grad():
         theirs = ref_model(ids.unsqueeze(0)).logits[0].float()
-    assert (ours - theirs).abs().mean() < 0.02 * theirs.abs().mean()
+    # Our INT4 path runs in bf16: its distance to transformers in fp32 is judged relative to that of
+    # a plain bf16 model holding the same dequantized weights, on the same machine (how far bf16
+    # lands from fp32 depends on the CPU's bf16 GEMMs). Measured about 1x; a wrong nibble order,
+    # zero or scale gives errors of the logits' own size.
+    plain = load_model(tmp_path / "dense", "bfloat16")
+    load_hf_state_dict(plain.model, dense_deq)
+    plain.model.pack_weights()
+    attn = ContiguousAttention(plain.config, len(ids), torch.bfloat16)
+    attn.begin_step(0, len(ids))
+    with torch.no_grad():
+        bf16 = plain.model.compute_logits(plain.model(ids, torch.arange(len(ids)), attn)).float()
+    err, bf16_err = (ours.float() - theirs).abs(), (bf16 - theirs).abs()
+    assert bf16_err.max() > 0, "the bf16 model computed in fp32: the comparison proves nothing"
+    assert err.mean() <= 2 * bf16_err.mean() and err.max() <= 2 * bf16_err.max(), (err.mean(), bf16_err.mean())
+    assert err.mean() < 0.1 * theirs.abs().mean()          # and bf16 itself is close (a loose sanity bound)

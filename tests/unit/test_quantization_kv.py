@@ -1,6 +1,13 @@
-"""Quantized KV caches in the engine, on the real model: fp8 (e4m3) and int4 pools hold
->= 1.9x / >= 3.5x the tokens of a bf16 pool in the same memory, are part of the prefix-cache
-identity, and give logits close to the bf16-KV engine's through prefill and decode."""
+"""Quantized KV caches in the engine, on the real model: int8 (per-token, per-head fp16 scales),
+fp8 (e4m3) and int4 pools hold >= 1.9x / 1.9x / 3.5x the tokens of a bf16 pool in the same
+memory, are part of the prefix-cache identity, and give logits close to the unquantized
+engine's through prefill and decode.
+
+Closeness is judged against the fp32 model with an fp32 cache, in two parts that hold on any
+CPU: the fp32 model with the quantized cache isolates the quantization error (fp32 GEMMs agree
+across CPUs to ~1e-5, so its bound is the same everywhere); in bf16, whose GEMMs round
+differently on AVX2, AVX-512 and AMX, the quantized cache may add at most what quantization
+costs in fp32, relative to the bf16 engine with a bf16 cache on the same machine."""
 
 from __future__ import annotations
 
@@ -54,25 +61,35 @@ def test_kv_dtype_names_resolve():
     assert resolve_kv_dtype("float32", torch.bfloat16) == torch.float32
 
 
-@pytest.mark.parametrize("kv,ratio,first_step,overall", [
-    # Bounds on the mean |logit difference| to the bf16-KV engine (measured: int8 0.09 / 0.20,
-    # fp8 0.32 / 0.31, int4 1.5 / 1.3); int4 is a draft's cache, coarser by design.
-    ("fp8", 1.9, 0.5, 0.6),
-    ("int4", 3.5, 2.2, 2.2),
+@pytest.mark.parametrize("kv,ratio,fp32_bound", [
+    # fp32_bound: the mean |logit error| (prefill and two decodes) the quantized cache alone may
+    # cause, measured with the fp32 model: int8 0.08, fp8 0.16, int4 0.95 (a draft's cache,
+    # coarser by design). A layout or scale bug gives errors of several units everywhere.
+    ("int8", 1.9, 0.15),
+    ("fp8", 1.9, 0.3),
+    ("int4", 3.5, 1.5),
 ])
-def test_quantized_kv_capacity_identity_and_logits(bf16_model, kv, ratio, first_step, overall):
+def test_quantized_kv_capacity_identity_and_logits(bf16_model, real_fp32, kv, ratio, fp32_bound):
     bf16 = _engine(bf16_model, None)
     quant = _engine(bf16_model, kv)
     assert quant.pool.capacity_tokens >= ratio * bf16.pool.capacity_tokens
     assert quant.pool.nbytes <= BUDGET
     assert f"kv={resolve_kv_dtype(kv, torch.bfloat16)}" in quant.identity and quant.identity != bf16.identity
     prompt = bf16_model.tokenizer.encode(bf16_model.chat_template.render([{"role": "user", "content": PROMPT}]))
-    diff = (_step_logits(quant, prompt) - _step_logits(bf16, prompt)).abs()
-    assert diff[0].mean().item() < first_step and diff.mean().item() < overall, diff.mean(dim=1)
+    reference = _step_logits(_engine(real_fp32, None), prompt).float()
+
+    def error(engine):
+        return (_step_logits(engine, prompt).float() - reference).abs().mean().item()
+
+    quantization = error(_engine(real_fp32, kv))                 # the cache's own error, CPU-independent
+    base, quantized = error(bf16), error(quant)                  # bf16 noise of this CPU, with and without
+    assert quantization < fp32_bound, quantization
+    # Measured 0.9x (int8), 1.6x (fp8), 1.4x (int4) of base + quantization on an AVX2 CPU.
+    assert quantized <= 2.5 * (base + quantization), (quantized, base, quantization)
     assert quant.block_manager.num_used_blocks == 0
 
 
-@pytest.mark.parametrize("kv", ["fp8", "int4"])
+@pytest.mark.parametrize("kv", ["int8", "fp8", "int4"])
 def test_quantized_kv_engine_generates_and_frees_every_block(bf16_model, kv):
     engine = _engine(bf16_model, kv)
     prompts = [bf16_model.tokenizer.encode(bf16_model.chat_template.render([{"role": "user", "content": q}]))
