@@ -139,7 +139,7 @@ def test_budget_exhausted_is_insufficient_quota_and_a_reload_keeps_the_counters(
 
 
 def _wait_closed(limits) -> None:
-    deadline = time.time() + 5
+    deadline = time.time() + 120
     while not limits.closed and time.time() < deadline:
         time.sleep(0.02)
     assert limits.closed
@@ -163,7 +163,7 @@ def test_streams_are_reconciled_with_their_usage_and_when_the_client_leaves(gw, 
     chunks = list(client.chat.completions.create(model="m", messages=MSG, max_tokens=ANSWER_WORDS, stream=True,
                                                  stream_options={"include_usage": True}))
     assert chunks[-1].usage.total_tokens == PROMPT_WORDS + ANSWER_WORDS
-    deadline = time.time() + 5
+    deadline = time.time() + 120
     while _on_gateway(gw, limits.budgets.usage("t:meter")).used_tokens_day == before and time.time() < deadline:
         time.sleep(0.02)        # the relay reconciles as the stream closes, just after [DONE]
     usage = _on_gateway(gw, limits.budgets.usage("t:meter"))
@@ -179,7 +179,7 @@ def test_streams_are_reconciled_with_their_usage_and_when_the_client_leaves(gw, 
             lines = resp.iter_lines()
             got = [next(lines) for _ in range(3)]   # role event, blank line, first word
         assert got[0].startswith("data: ")
-        deadline = time.time() + 5
+        deadline = time.time() + 120
         while limits.in_flight and time.time() < deadline:
             time.sleep(0.02)
         usage = _on_gateway(gw, limits.budgets.usage("t:meter"))

@@ -23,6 +23,7 @@ class RawServer:
         self.connections = 0
         self.requests: list[bytes] = []
         self.closed_by_client = asyncio.Event()
+        self.closed_by_server = asyncio.Event()
 
     async def start(self) -> str:
         self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
@@ -49,6 +50,8 @@ class RawServer:
             self.closed_by_client.set()
         finally:
             writer.close()
+            if self.close_after_each:
+                self.closed_by_server.set()
 
     async def stop(self) -> None:
         self.server.close()
@@ -105,7 +108,7 @@ async def test_stale_idle_connection_is_replaced(transport):
     server = RawServer([_ok(b"one"), _ok(b"two")], close_after_each=True)
     url = await server.start()
     assert (await _post(transport, url)).content == b"one"
-    await asyncio.sleep(0.05)                                    # the server has closed the idle connection
+    await asyncio.wait_for(server.closed_by_server.wait(), 60)   # the idle connection is closed
     assert (await _post(transport, url)).content == b"two"
     assert server.connections == 2
     await transport.aclose()

@@ -75,7 +75,7 @@ def test_metrics_after_real_requests(traced):
     assert remote[-1].usage.completion_tokens == len(UPSTREAM_TEXT)
     assert [u.completion_tokens for u in usages] == [8, 8, 8]
 
-    deadline = time.time() + 10   # request metrics are written just after the response goes out
+    deadline = time.time() + 120   # request metrics are written just after the response goes out
     while True:
         text, after = _scrape(traced)
         tiny = {"tier": "tiny", "profile": "throughput", "tenant_class": "interactive"}
@@ -151,7 +151,7 @@ def test_breaker_state_as_the_requests_saw_it(traced):
         resp = client.chat.completions.with_raw_response.create(model="flaky-first", messages=MESSAGES, max_tokens=4)
         assert resp.headers["x-tiergate-tier"] == "up"
     assert "circuit breaker open" in resp.headers["x-tiergate-fallbacks"]
-    deadline = time.time() + 10
+    deadline = time.time() + 120
     while True:
         _, after = _scrape(traced)
         state = {s: _value(after, "tiergate_breaker_state", tier="flaky", state=s)

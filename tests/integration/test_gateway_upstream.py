@@ -100,7 +100,7 @@ async def test_async_chat_and_completions(gw):
 
 def _logged(caplog, request_id: str) -> dict:
     """The request's JSON log line (written just after its response), waiting a little for it."""
-    deadline = time.time() + 5
+    deadline = time.time() + 120
     while time.time() < deadline:
         for record in caplog.records:
             if record.name == "tiergate.requests" and request_id in record.getMessage():
