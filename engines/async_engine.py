@@ -3,6 +3,11 @@
 The engine steps in its own thread so the event loop never waits on the model. Requests
 and aborts cross into that thread through a command queue applied before every step;
 deltas come back to each request's asyncio.Queue via call_soon_threadsafe.
+
+Faults: a step that raises fails the requests it was computing (StepFailedError, their KV
+blocks freed) and the engine goes on with every other request. Only when steps keep failing
+(`max_step_failures` in a row) is the engine declared dead: every waiter gets EngineDeadError,
+new requests are refused, and `on_dead` tells the owner, who may build a new engine.
 """
 
 from __future__ import annotations
@@ -11,17 +16,27 @@ import asyncio
 import logging
 import queue
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
+from engines.errors import EngineDeadError, StepFailedError
 from engines.llm_engine import LLMEngine, RequestOutput
 from engines.sampling_params import SamplingParams
 
+__all__ = ["MAX_STEP_FAILURES", "AsyncEngine", "EngineDeadError", "StepFailedError"]
+
 log = logging.getLogger(__name__)
 
+# One failing step is contained: its requests are dropped and the rest go on. A transient fault
+# (an allocation that failed once, a request-shaped input that trips a kernel) does not repeat
+# with the next step's different batch. Three failures in a row, each dropping its batch, point
+# at the engine itself (a kernel, the device): carrying on would fail every request one step at
+# a time, so the engine stops and its owner rebuilds it.
+MAX_STEP_FAILURES = 3
 
-class EngineDeadError(RuntimeError):
-    """The engine thread stopped on an unexpected error; requests cannot be served."""
+_STEP_FAILED = "the engine failed while computing this request"
+_DEAD = "the engine stopped after repeated failures"
+_SHUT_DOWN = "the engine was shut down"
 
 
 @dataclass
@@ -41,13 +56,26 @@ class _Abort:
 
 
 class AsyncEngine:
-    def __init__(self, engine: LLMEngine):
+    def __init__(self, engine: LLMEngine, *, max_step_failures: int = MAX_STEP_FAILURES,
+                 on_dead: Callable[[AsyncEngine], None] | None = None):
+        """`on_dead(self)` is called once, from the engine thread, when the engine is declared
+        dead (not on shutdown)."""
+        if max_step_failures < 1:
+            raise ValueError("max_step_failures must be at least 1")
         self.engine = engine
+        self.max_step_failures = max_step_failures
+        self.on_dead = on_dead
+        self.step_failures = 0            # steps that raised, over the engine's life
+        self._failures_in_a_row = 0
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._wakeup = threading.Event()
+        # Held while a request is queued and while the engine is declared stopped, so that no
+        # request slips into the queue after the thread drained it for the last time.
+        self._lock = threading.Lock()
         self._sinks: dict[str, tuple[asyncio.Queue, asyncio.AbstractEventLoop]] = {}
         self._stopping = False
-        self._error: BaseException | None = None
+        self._stopped: str | None = None  # why the engine takes no more requests
+        self._dead = False                # stopped by failures, not by shutdown()
         self._thread = threading.Thread(target=self._run, name="tiergate-engine", daemon=True)
         self._thread.start()
 
@@ -55,16 +83,27 @@ class AsyncEngine:
     def stats(self):
         return self.engine.stats
 
+    @property
+    def dead(self) -> bool:
+        """Declared dead after repeated step failures (or an error outside a step)."""
+        return self._dead
+
     async def generate(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
                        prefix_scope: str | None = None, priority: int = 0) -> AsyncIterator[RequestOutput]:
-        """Submit a request and iterate its deltas. Leaving the loop early aborts it."""
-        if self._error is not None:
-            raise EngineDeadError(f"engine stopped: {self._error}")
+        """Submit a request and iterate its deltas. Leaving the loop early aborts it.
+
+        Raises InvalidRequestError (before anything runs), StepFailedError (a step computing it
+        raised), EngineDeadError (the engine stopped)."""
+        if self._stopped is not None:
+            raise EngineDeadError(self._stopped)
         # Raise InvalidRequestError here, in the caller, not later in the engine thread.
         self.engine.check_request(prompt_ids, params)
         sink: asyncio.Queue = asyncio.Queue()
-        self._commands.put(_Add(request_id, prompt_ids, params, prefix_scope, priority, sink,
-                                asyncio.get_running_loop()))
+        with self._lock:
+            if self._stopped is not None:
+                raise EngineDeadError(self._stopped)
+            self._commands.put(_Add(request_id, prompt_ids, params, prefix_scope, priority, sink,
+                                    asyncio.get_running_loop()))
         self._wakeup.set()
         finished = False
         try:
@@ -100,14 +139,14 @@ class AsyncEngine:
                 try:
                     self.engine.add_request(cmd.request_id, cmd.prompt_ids, cmd.params, cmd.prefix_scope, cmd.priority)
                 except Exception as exc:  # a bad request fails alone; accepted work goes on
-                    cmd.loop.call_soon_threadsafe(cmd.sink.put_nowait, exc)
+                    _put(cmd.loop, cmd.sink, exc)
                     continue
                 self._sinks[cmd.request_id] = (cmd.sink, cmd.loop)
             else:
                 out = self.engine.abort_request(cmd.request_id)
                 sink = self._sinks.pop(cmd.request_id, None)
                 if out is not None and sink is not None:
-                    sink[1].call_soon_threadsafe(sink[0].put_nowait, out)
+                    _put(sink[1], sink[0], out)
 
     def _run(self) -> None:
         try:
@@ -117,16 +156,91 @@ class AsyncEngine:
                     self._wakeup.wait(timeout=0.5)
                     self._wakeup.clear()
                     continue
-                for out in self.engine.step():
-                    sink = self._sinks.get(out.request_id)
-                    if sink is None:
-                        continue
-                    if out.finished:
-                        del self._sinks[out.request_id]
-                    sink[1].call_soon_threadsafe(sink[0].put_nowait, out)
-        except BaseException as exc:  # noqa: BLE001 - every waiter must hear about it
+                try:
+                    outputs = self.engine.step()
+                except Exception:  # noqa: BLE001 - contained: only that step's requests fail
+                    if self._step_failed():
+                        return
+                    continue
+                self._failures_in_a_row = 0
+                self._deliver(outputs)
+        except BaseException:  # noqa: BLE001 - outside a step: the engine's state is unknown
             log.exception("engine thread failed")
-            self._error = exc
-            for sink, loop in self._sinks.values():
-                loop.call_soon_threadsafe(sink.put_nowait, EngineDeadError(f"engine stopped: {exc}"))
-            self._sinks.clear()
+            self._declare_dead()
+            self._stop(_DEAD)
+            return
+        self._stop(_SHUT_DOWN)
+
+    def _deliver(self, outputs: list[RequestOutput]) -> None:
+        for out in outputs:
+            sink = self._sinks.get(out.request_id)
+            if sink is None:
+                continue
+            if out.finished:
+                del self._sinks[out.request_id]
+            _put(sink[1], sink[0], out)
+
+    def _step_failed(self) -> bool:
+        """Drop the failed step's requests (freeing their blocks); True if the engine is now dead."""
+        self.step_failures += 1
+        self._failures_in_a_row += 1
+        failed = self.engine.step_request_ids
+        log.exception("engine step failed (%d in a row); dropping its %d request(s): %s",
+                      self._failures_in_a_row, len(failed), ", ".join(failed))
+        dead = self._failures_in_a_row >= self.max_step_failures
+        if dead:
+            log.error("engine declared dead after %d failed steps in a row", self._failures_in_a_row)
+            self._declare_dead()
+        for request_id in failed:
+            self.engine.abort_request(request_id)
+            self._fail(request_id, StepFailedError(_STEP_FAILED))
+        if dead:
+            self._stop(_DEAD)
+        return dead
+
+    def _declare_dead(self) -> None:
+        """Refuse new requests and tell the owner before any waiter hears of the failure: a
+        client told of it then finds the engine (and its tier) not ready already."""
+        with self._lock:
+            if self._dead:
+                return
+            self._stopped, self._dead = _DEAD, True
+        if self.on_dead is not None:
+            try:
+                self.on_dead(self)
+            except Exception:  # noqa: BLE001 - the owner's hook must not hide the failure
+                log.exception("on_dead hook failed")
+
+    def _fail(self, request_id: str, error: BaseException) -> None:
+        sink = self._sinks.pop(request_id, None)
+        if sink is not None:
+            _put(sink[1], sink[0], error)
+
+    def _stop(self, reason: str) -> None:
+        """No more requests: every waiter, and every request still queued, hears `reason`."""
+        with self._lock:
+            if self._stopped is None:
+                self._stopped = reason
+            pending = []
+            while True:
+                try:
+                    pending.append(self._commands.get_nowait())
+                except queue.Empty:
+                    break
+        for cmd in pending:
+            if isinstance(cmd, _Add):
+                _put(cmd.loop, cmd.sink, EngineDeadError(reason))
+        for request_id in list(self._sinks):
+            try:    # best effort: a dead engine's state may be what failed
+                self.engine.abort_request(request_id)
+            except Exception:  # noqa: BLE001
+                pass
+            self._fail(request_id, EngineDeadError(reason))
+
+
+def _put(loop: asyncio.AbstractEventLoop, sink: asyncio.Queue, item) -> None:
+    """Hand `item` to a waiter on its loop; a waiter whose loop has closed is gone already."""
+    try:
+        loop.call_soon_threadsafe(sink.put_nowait, item)
+    except RuntimeError:
+        pass

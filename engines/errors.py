@@ -33,3 +33,30 @@ class ContextLengthError(RequestTooLongError):
 
 class KVCapacityError(RequestTooLongError):
     code = ErrorCode.KV_CAPACITY
+
+
+class EngineFaultCode(StrEnum):
+    """How the engine failed on its own side while serving a request (never the request's fault)."""
+
+    STEP_FAILED = "engine_step_failed"     # the step that computed the request raised
+    ENGINE_DEAD = "engine_unavailable"     # the engine stopped: steps kept failing, or it shut down
+
+
+class EngineFault(RuntimeError):
+    """The engine could not finish a request for a reason of its own. The message is safe to show
+    a client (no exception text, no internals); the cause goes to the engine's log."""
+
+    code: EngineFaultCode
+
+
+class StepFailedError(EngineFault):
+    """The step this request was part of raised; the request was dropped (its KV blocks freed)
+    and the engine went on serving the others."""
+
+    code = EngineFaultCode.STEP_FAILED
+
+
+class EngineDeadError(EngineFault):
+    """The engine stopped; no request can be served by it until its owner builds a new one."""
+
+    code = EngineFaultCode.ENGINE_DEAD

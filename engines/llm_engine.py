@@ -74,6 +74,7 @@ class LLMEngine:
         self.sampler = Sampler(config.seed)
         self.tokenizer = loaded.tokenizer
         self._requests: dict[str, TrackedRequest] = {}
+        self._in_step: tuple[str, ...] = ()
         self.stats = EngineStats(kv_blocks_total=num_blocks, kv_capacity_tokens=self.pool.capacity_tokens)
         self.speculator = None
         if spec:
@@ -128,19 +129,31 @@ class LLMEngine:
     def num_requests(self) -> int:
         return len(self._requests)
 
+    @property
+    def step_request_ids(self) -> tuple[str, ...]:
+        """The requests the running step computes for; after a step that raised, that step's.
+
+        Those are the requests whose state the failed step may have left half-updated (tokens
+        computed but not counted, blocks grown, a token appended): the caller drops exactly them
+        (`abort_request`, which frees their blocks) and the engine is consistent for the rest."""
+        return self._in_step
+
     # ---- the step ------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """One iteration of continuous batching: a delta per request that got tokens or finished."""
         started = time.perf_counter()
+        self._in_step = ()
         plan = self._schedule()
         if plan.is_empty:
             return []
+        self._in_step = tuple(s.seq.request_id for s in plan.scheduled)
         sampling, logits = self.runner.execute(plan.scheduled)
         picked = self._pick_tokens(sampling, logits)
         self._advance_computed(plan.scheduled)
         outputs = self._emit(picked)
         self._release_lookahead(plan.scheduled)
         self._update_stats(plan, time.perf_counter() - started)
+        self._in_step = ()
         return outputs
 
     def _schedule(self) -> SchedulerOutput:

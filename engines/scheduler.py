@@ -6,6 +6,10 @@ newest (lowest-priority) sequence is preempted and will be recomputed. Waiting s
 are admitted by (priority, arrival) only in steps without preemption, and only if their
 blocks fit with headroom to spare.
 
+The waiting queue is a heap with lazy deletion: removing a waiting sequence (an abort) only
+forgets its entry, O(1); the heap drops forgotten entries when they reach its top, and is
+rebuilt once they outnumber the live ones, so it stays within about twice the queue.
+
 Speculative decoding: a decoding sequence may be given `num_lookahead` extra slots for
 draft tokens (the `lookahead` callback decides how many). They count against the token
 budget and are allocated with the sequence's blocks; when they do not fit, the sequence
@@ -75,33 +79,38 @@ class Scheduler:
         self.max_num_batched_tokens = max_num_batched_tokens
         self.headroom_blocks = headroom_blocks
         self.running: list[Sequence] = []
-        self._waiting: list[tuple[int, float, int, Sequence]] = []
+        # Heap of [priority, arrival, counter, seq]; an entry whose seq is None was removed.
+        self._waiting: list[list] = []
+        self._entries: dict[int, list] = {}     # id(seq) -> its live heap entry
         self._counter = itertools.count()
         self.num_preemptions = 0
 
     # ---- queue -------------------------------------------------------------------
     @property
     def num_waiting(self) -> int:
-        return len(self._waiting)
+        return len(self._entries)
 
     @property
     def waiting(self) -> list[Sequence]:
-        return [entry[-1] for entry in sorted(self._waiting)]
+        """In admission order (sorts the queue: for inspection, not the step)."""
+        return [entry[-1] for entry in sorted(self._entries.values())]
 
     def add(self, seq: Sequence) -> None:
         seq.status = SeqStatus.WAITING
-        heapq.heappush(self._waiting, (seq.priority, seq.arrival, next(self._counter), seq))
+        # The counter is unique, so entries never compare their sequences.
+        entry = [seq.priority, seq.arrival, next(self._counter), seq]
+        self._entries[id(seq)] = entry      # the entry holds seq: its id is not reused meanwhile
+        heapq.heappush(self._waiting, entry)
 
     def has_work(self) -> bool:
-        return bool(self.running or self._waiting)
+        return bool(self.running or self._entries)
 
     def remove(self, seq: Sequence) -> None:
         """Take a sequence out (finished or aborted) and free its blocks at once."""
         if seq.status is SeqStatus.RUNNING:
             self.running.remove(seq)
         elif seq.status is SeqStatus.WAITING:
-            self._waiting = [e for e in self._waiting if e[-1] is not seq]
-            heapq.heapify(self._waiting)
+            self._forget_waiting(seq)
         self.bm.free(seq)
         seq.num_draft_computed = 0
         seq.status = SeqStatus.FINISHED
@@ -140,12 +149,32 @@ class Scheduler:
             budget = self._admit(out, budget)
         return out
 
+    def _forget_waiting(self, seq: Sequence) -> None:
+        entry = self._entries.pop(id(seq), None)
+        if entry is None:
+            return
+        entry[-1] = None                    # a tombstone, dropped when it reaches the top
+        if len(self._waiting) > 2 * len(self._entries) + 16:
+            # Rebuilt once removed entries outnumber live ones: O(n) every n removals.
+            self._waiting = list(self._entries.values())
+            heapq.heapify(self._waiting)
+
+    def _head(self) -> Sequence | None:
+        """The next sequence to admit, dropping removed entries on the way."""
+        heap = self._waiting
+        while heap and heap[0][-1] is None:
+            heapq.heappop(heap)
+        return heap[0][-1] if heap else None
+
     def _admit(self, out: SchedulerOutput, budget: int) -> int:
-        while self._waiting and budget > 0 and len(self.running) < self.max_num_seqs:
-            seq = self._waiting[0][-1]
+        while budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self._head()
+            if seq is None:
+                break
             if not self.bm.try_admit(seq, self.headroom_blocks):
                 break  # first come, first served: no overtaking of the head of the queue
             heapq.heappop(self._waiting)
+            del self._entries[id(seq)]
             seq.status = SeqStatus.RUNNING
             if seq.scheduled_time is None:
                 seq.scheduled_time = time.monotonic()

@@ -1,7 +1,8 @@
 """The Starlette app: OpenAI endpoints, health, readiness, OpenAPI.
 
 Embedded tiers load in the background once the server listens: /healthz answers at once,
-/readyz says 200 only when every tier is loaded.
+/readyz says 200 only when every tier may take calls (loaded, its engine alive), else 503;
+its detailed view names each tier that may not, and why.
 """
 
 from __future__ import annotations
@@ -17,12 +18,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from gateway.admin_access import AdminAccess
 from gateway.errors import GatewayError, error_response
 from gateway.openapi import openapi_document
 from gateway.pipeline import Pipeline
 from gateway.reload import ConfigReloader
 from gateway.runtime import RuntimeHolder
-from gateway.telemetry.metrics import METRICS_OPENAPI, metrics_route
+from gateway.telemetry.metrics import METRICS_OPENAPI, metrics_endpoint
 from gateway.telemetry.setup import Telemetry, build_telemetry
 from gateway.telemetry.tier_stats import breaker_states, tier_set_source
 
@@ -38,14 +40,17 @@ def freeze_heap() -> None:
 
 
 def build_app(holder: RuntimeHolder, reloader: ConfigReloader | None = None,
-              telemetry: Telemetry | None = None) -> Starlette:
+              telemetry: Telemetry | None = None, host: str | None = None) -> Starlette:
     """`telemetry`: built from the config's `telemetry:` section and OTEL_* when not given (tests
     pass one with an in-memory exporter). Raises TelemetryConfigError on a bad OTEL_* value.
-    Telemetry settings are read once: a reload does not change them (tenants' opt-ins it does)."""
+    Telemetry settings are read once: a reload does not change them (tenants' opt-ins it does).
+    `host`: the listen address (default: the reloader's, else the config's); off loopback the
+    operator's endpoints need an admin key."""
     telemetry = telemetry or build_telemetry(holder.current.config.telemetry)
     telemetry.metrics.add_tier_set(tier_set_source(holder))
     telemetry.metrics.set_breaker_reader(lambda: breaker_states(holder))
     pipeline = Pipeline(holder, telemetry)
+    admin = AdminAccess(holder, host or (reloader.host if reloader is not None else holder.current.config.server.host))
     openapi = openapi_document()
     openapi["paths"]["/metrics"] = METRICS_OPENAPI
     background: set[asyncio.Task] = set()
@@ -53,12 +58,17 @@ def build_app(holder: RuntimeHolder, reloader: ConfigReloader | None = None,
     async def healthz(_: Request) -> Response:
         return JSONResponse({"status": "ok"})
 
-    async def readyz(_: Request) -> Response:
+    async def readyz(request: Request) -> Response:
+        detailed = admin.allows(request)
         rt = holder.current
         tiers = {name: tier.describe() for name, tier in rt.tiers.items()}
-        ready = rt.ready
-        return JSONResponse({"status": "ready" if ready else "loading", "tiers": tiers},
-                            status_code=200 if ready else 503)
+        # Ready: every tier may take calls now (loaded and, if embedded, its engine alive).
+        not_ready = {name: why for name, tier in rt.tiers.items() if (why := tier.unusable_reason()) is not None}
+        loading = any(tier.state == "loading" for tier in rt.tiers.values())
+        body = {"status": "ready" if not not_ready else "loading" if loading else "not_ready", "tiers": tiers}
+        if not_ready:
+            body["not_ready"] = not_ready
+        return JSONResponse(body if detailed else {"status": body["status"]}, status_code=503 if not_ready else 200)
 
     async def models(request: Request) -> Response:
         rt = holder.current
@@ -109,7 +119,7 @@ def build_app(holder: RuntimeHolder, reloader: ConfigReloader | None = None,
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
         Route("/openapi.json", openapi_json, methods=["GET"]),
-        metrics_route(telemetry.metrics),
+        Route("/metrics", admin.guard(metrics_endpoint(telemetry.metrics)), methods=["GET"], name="metrics"),
     ]
     return Starlette(routes=routes, lifespan=lifespan,
                      exception_handlers={HTTPException: http_error, Exception: server_error})

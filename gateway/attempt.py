@@ -6,6 +6,22 @@ gives all of it back exactly once: the span ends and the tier's count drops firs
 tier choice sees it), then the breaker learns the outcome and the reservation is reconciled
 with the usage, or released when the call produced nothing.
 
+What a call is charged: the usage its tier reported during the attempt (an answer's, a stream's
+usage chunk, or what a tier reports of a call it could not finish: an embedded tier its engine's
+output so far), read from the request's usage as it grew. When the tier reported nothing:
+- a stream cut short before its usage chunk: the prompt reserved + one token per event relayed;
+- an answer without usage: what was reserved;
+- a call the tier may have worked on without saying how much: an upstream that answered and
+  then failed (a TierFailure with `answered` set: its body lost or unreadable), and an upstream
+  call cut short by the client leaving or the deadline, are charged what was reserved (it may
+  have generated all of it); a stream cut short before its first event the prompt reserved;
+- otherwise (refused, failed before any work): nothing, the reservation is released.
+Work started is thus never free.
+
+An attempt whose reservation bounds the output only if the tier is told so (`output_cap`: no
+max_tokens from the client, no known context) sends the call with that max_tokens, and gives
+the request its own body back when it ends.
+
 The chain walk and escalation call tiers the same way: RequestLimits.open_attempt(tier), then
 complete() for a whole answer or first_chunk() for a stream (whose relay calls end()).
 """
@@ -30,13 +46,16 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 CANCELLED = "cancelled"     # span error.type when the client left: not the tier's failure
+# Tier kinds that put the usage of a call they could not finish into the request's usage.
+_REPORTS_UNFINISHED = frozenset({"embedded"})
 
 
 class Attempt:
-    __slots__ = ("_ended", "estimate", "permit", "request", "reservation", "seconds", "span", "started", "tier")
+    __slots__ = ("_body", "_ended", "_first_chunk", "_streaming", "_unreported", "_usage_at_start", "estimate",
+                 "permit", "request", "reservation", "seconds", "span", "started", "tier")
 
     def __init__(self, request: RequestLimits, tier: Tier, permit: Permit, reservation: Reservation | None,
-                 estimate: tuple[int, int], span: TierSpan):
+                 estimate: tuple[int, int], span: TierSpan, *, output_cap: int | None = None):
         self.request = request            # the request's limits: deadline, breakers, budgets, context
         self.tier = tier
         self.permit = permit
@@ -46,6 +65,15 @@ class Attempt:
         self.started = time.perf_counter()
         self.seconds = 0.0                # spent waiting on the tier
         self._ended = False
+        usage = request.ctx.usage
+        self._usage_at_start = (usage.prompt_tokens, usage.completion_tokens)
+        self._unreported: tuple[int, int] | None = None   # charged if the tier reports nothing
+        self._streaming = self._first_chunk = False
+        self._body = None
+        if output_cap is not None:
+            call = request.call
+            self._body = call.body
+            call.body = call.body.model_copy(update={"max_tokens": output_cap})
         tier.in_flight += 1
 
     @property
@@ -68,8 +96,11 @@ class Attempt:
     async def first_chunk(self, chunks: AsyncIterator[bytes]) -> bytes:
         """A stream's first chunk. Nothing has reached the client yet, so a failure may still
         fall back: the attempt then ends here; otherwise the relay ends it."""
+        self._streaming = True
         try:
-            return await self._wait(anext(chunks))
+            first = await self._wait(anext(chunks))
+            self._first_chunk = True
+            return first
         except StopAsyncIteration:
             empty = EmptyStream("empty stream")
             await self._failed(empty)
@@ -90,6 +121,7 @@ class Attempt:
             if not scope.expired():
                 raise
             error = request.deadline_error()
+            self._unreported = self._cut_short()
             await self.end(Outcome.CANCELLED, None, error_type=type(error).__name__)
             raise error from None
         finally:
@@ -98,40 +130,61 @@ class Attempt:
             request.ctx.tier_seconds += waited
 
     async def _failed(self, exc: BaseException) -> None:
-        """The call gave no answer: nothing was consumed, the reservation is released."""
+        """The call gave no answer: charged what the tier reported, or what it may have used."""
         outcome, error_type = _outcome_of(exc)
         if isinstance(exc, TierFailure):
             self.request.failure = f"{self.tier.name}: {exc}"   # a next attempt is a retry
+            if exc.answered:                                   # it had generated its answer
+                self._unreported = self.estimate
+        elif isinstance(exc, (GeneratorExit, asyncio.CancelledError)):
+            self._unreported = self._cut_short()
         await self.end(outcome, None, error_type=error_type)
+
+    def _cut_short(self) -> tuple[int, int] | None:
+        """What a call ended by the client or the deadline may have used without its tier telling."""
+        if self.tier.kind in _REPORTS_UNFINISHED:
+            return None
+        # A stream relays tokens as they come: before its first event only the prompt was worked on.
+        return (self.estimate[0], 0) if self._streaming else self.estimate
 
     # ---- the end ---------------------------------------------------------------------
     async def end(self, outcome: Outcome, usage: Usage | None, events: int = 0, *,
                   error_type: str | None = None) -> None:
-        """Once; later calls do nothing. `usage` None releases the reservation; else it is
-        reconciled with `usage` (`events`: stream events relayed, for a stream cut short
-        before its usage chunk). `error_type` marks the span failed."""
+        """Once; later calls do nothing. `usage` not None: the call answered (`events`: stream
+        events relayed); what is charged is what the tier reported during the attempt (see the
+        module notes). `error_type` marks the span failed."""
         if self._ended:
             return
         self._ended = True
+        if self._body is not None:        # later calls of the request get the client's own body
+            self.request.call.body = self._body
         if error_type is not None:
             self.span.fail(error_type)
         self.tier.in_flight -= 1
         self.span.end()
         steps = [self._record(outcome)]
         if self.reservation is not None:
-            steps.append(self._settle(None if usage is None else self._tokens(usage, events)))
+            steps.append(self._settle(self._charge(usage is not None, events)))
         if len(steps) == 2 and self.request.limits.shared:
             await asyncio.gather(*steps)       # two Redis round trips at once
         else:
             for step in steps:
                 await step
 
-    def _tokens(self, usage: Usage, events: int) -> tuple[int, int]:
-        if usage.prompt_tokens or usage.completion_tokens:
-            return usage.prompt_tokens, usage.completion_tokens
+    def _charge(self, answered: bool, events: int) -> tuple[int, int] | None:
+        """(prompt, completion) tokens to reconcile with; None releases the reservation."""
+        usage = self.request.ctx.usage
+        prompt = usage.prompt_tokens - self._usage_at_start[0]
+        completion = usage.completion_tokens - self._usage_at_start[1]
+        if prompt or completion:       # what the tier reported during this attempt
+            return prompt, completion
         if events:                     # a stream cut short before its usage chunk: one token per event
             return self.estimate[0], events
-        return self.estimate           # no usage reported: charged what was reserved, never free
+        if answered:                   # no usage reported: charged what was reserved, never free
+            return self.estimate
+        if self._first_chunk:          # a stream whose relay never ran: its first event was made
+            return self.estimate[0], 1
+        return self._unreported
 
     async def _record(self, outcome: Outcome) -> None:
         ctx = self.request.ctx

@@ -11,6 +11,7 @@ from gateway.request_limits import RequestLimits
 from gateway.runtime import Runtime
 from gateway.skips import Skip, SkipReason
 from gateway.tiers.base import EmptyStream, Tier, TierAnswer, TierCall, TierFailure, TierUnfit
+from gateway.tiers.upstream_errors import TENANT_SHARE, TierOverloaded
 
 events = logging.getLogger("gateway.pipeline")    # the pipeline's log of tier failures
 
@@ -26,6 +27,10 @@ class ChainWalk:
         self.ctx = request.ctx
         self.index = 0
         self.unfit: TierUnfit | None = None    # the last tier that could not hold the request
+        # The last tier the gateway had no connection for: its 503 / 429 is the answer when no
+        # tier serves the request (the client may retry shortly), ahead of an unfit's 400.
+        self.overloaded: TierOverloaded | None = None
+        self.failure: TierFailure | None = None  # the last tier that failed
         self.busy: list[Tier] = []             # passed over at their max_in_flight, in chain order
 
     async def complete(self, call: TierCall) -> tuple[Attempt, TierAnswer]:
@@ -75,15 +80,27 @@ class ChainWalk:
             return tier
         if self.busy:                           # every tier left is busy: wait in the first one's queue
             return self.busy.pop(0)
-        raise self.request.nothing_left(self.chain, self.unfit)
+        error = self.request.nothing_left(self.chain, self.overloaded or self.unfit)
+        own = self.failure.error if self.failure is not None else None
+        if own is not None and error.code == "no_tier_available":
+            error = own                         # the failed tier's own answer says more (e.g. a 500)
+        raise error
 
     def _failed(self, attempt: Attempt, exc: TierUnfit | TierFailure) -> None:
         """An attempt gave no answer (it has ended itself): note why, then move on."""
         name = attempt.tier.name
+        if isinstance(exc, TierOverloaded):
+            self.overloaded = exc
+            reason = SkipReason.TENANT_SHARE if exc.code == TENANT_SHARE else SkipReason.POOL_EXHAUSTED
+            self.ctx.fallbacks.append(Skip(name, reason, exc.code))
+            return
         if isinstance(exc, TierUnfit):
             self.unfit = exc
             self.ctx.fallbacks.append(Skip(name, SkipReason.TIER_UNFIT, str(exc)))
             return
+        self.failure = exc
         reason = SkipReason.EMPTY_STREAM if isinstance(exc, EmptyStream) else SkipReason.TIER_FAILURE
-        self.ctx.fallbacks.append(Skip(name, reason, f"failed: {exc}"))
-        events.warning("tier %s failed for %s: %s", name, self.ctx.request_id, exc)
+        # str(exc) is what a client may see; `detail` (an upstream's address, what it sent) is not.
+        skip = Skip(name, reason, f"failed: {getattr(exc, 'detail', None) or exc}")
+        self.ctx.fallbacks.append(skip)
+        events.warning("tier %s failed for %s: %s", name, self.ctx.request_id, skip.detail)

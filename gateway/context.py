@@ -39,7 +39,7 @@ class RequestContext:
     tenant_class: str | None = None
     key_name: str | None = None
     user: str | None = None
-    prefix_scope: str | None = None       # None: the shared prefix cache; else the tenant's own
+    prefix_scope: str | None = None       # the prefix-cache scope gateway/cache_salt.py derives (None: unscoped)
     priority: int = 0
     model: str | None = None              # the alias the client named
     stream: bool = False
@@ -98,7 +98,7 @@ class RequestContext:
             "request_id": self.request_id, "endpoint": self.endpoint, "tenant": self.tenant, "user": self.user,
             "model": self.model, "stream": self.stream, "profile": self.profile, "profile_source": self.profile_source,
             "reasons": self.reasons, "route": self.route_reason, "chain": list(self.chain), "tier": self.tier,
-            "fallbacks": [str(skip) for skip in self.fallbacks], "escalated_from": self.escalated_from,
+            "fallbacks": [skip.for_log() for skip in self.fallbacks], "escalated_from": self.escalated_from,
             "status": self.status, "error": self.error, "prompt_tokens": self.usage.prompt_tokens,
             "completion_tokens": self.usage.completion_tokens, "cached_tokens": self.usage.cached_tokens,
             "ttft_ms": None if self.ttft_ms is None else round(self.ttft_ms, 2),

@@ -7,6 +7,10 @@ settings and retry budget apply to requests that start after the swap, and reque
 finish (reconcile) under the limits they started with. A changed `limits.store` opens the new
 store for new requests; the old one is closed once its last request has finished. Counters do
 not move from one store to another.
+
+The fail-open limiter belongs to the store too: a reload during a Redis outage goes on counting
+what the replica admitted locally and what it last saw in Redis, instead of granting a fresh
+budget. Upstream tiers' tokenizers (budget estimates) are loaded once and kept across reloads.
 """
 
 from __future__ import annotations
@@ -15,8 +19,10 @@ import asyncio
 import logging
 import time
 
+from gateway.tier_tokenizers import TierTokenizers
 from policies.breakers import Breakers, MemoryBreakerStore
 from policies.budgets import Budgets, MemoryBudgetStore
+from policies.budgets.fail_open import FailOpenLimiter
 from policies.limits_config import LimitsConfig, RetryConfig, ScopeTable, StoreConfig
 from policies.retry_budget import RetryBudget
 
@@ -35,6 +41,7 @@ class _Stores:
     def __init__(self, config: StoreConfig):
         self.config = config
         self.users = 0
+        self.fail_open = FailOpenLimiter()   # used only by a shared store, when it is down
         if config.backend == "memory":
             self.redis = None
             self.budgets = MemoryBudgetStore()
@@ -69,11 +76,13 @@ def retry_config(config: RetryConfig) -> RetryConfig:
 
 
 class GatewayLimits:
-    def __init__(self, config: LimitsConfig, stores: _Stores, retry: RetryBudget | None = None):
+    def __init__(self, config: LimitsConfig, stores: _Stores, retry: RetryBudget | None = None,
+                 tokenizers: TierTokenizers | None = None):
         self.config = config
         self._stores = stores
         stores.users += 1
-        self.budgets = Budgets(config, stores.budgets, shared=stores.redis is not None)
+        self.budgets = Budgets(config, stores.budgets, shared=stores.redis is not None, fail_open=stores.fail_open)
+        self.tokenizers = tokenizers if tokenizers is not None else TierTokenizers()
         self.breakers = Breakers(config.breakers, stores.breakers,
                                  reconnect_interval_s=config.store.reconnect_interval_s,
                                  # only a shared store is worth a cache (a memory store answers at once)
@@ -104,7 +113,7 @@ class GatewayLimits:
             return self
         retry = self.retry if config.retry == self.config.retry else None
         stores = self._stores if config.store == self.config.store else _Stores(config.store)
-        return GatewayLimits(config, stores, retry)
+        return GatewayLimits(config, stores, retry, self.tokenizers)
 
     async def check_store(self) -> None:
         """Log at start whether the shared store answers (requests work either way, per policy)."""

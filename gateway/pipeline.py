@@ -1,7 +1,8 @@
 """The request path of /v1/chat/completions and /v1/completions, in one place:
 
-    read body -> auth -> parse -> classify -> route -> walk the chain, one Attempt per tier call
-    (breaker permit + budget reservation + tier span) -> optional escalation -> response
+    auth (from the headers) -> read body -> parse -> cap choices -> classify -> route -> walk the
+    chain, one Attempt per tier call (breaker permit + budget reservation + tier span)
+    -> optional escalation -> response
     -> the request's end (Pipeline._end): limits, spans, metrics, log line
 
 Every step writes into the request's RequestContext.
@@ -17,12 +18,14 @@ import uuid
 from dataclasses import dataclass
 
 from gateway.attempt import CANCELLED, Attempt
+from gateway.cache_salt import PrefixScopes
 from gateway.chain_walk import ChainWalk
 from gateway.context import RequestContext
 from gateway.errors import GatewayError
+from gateway.request_body import CLOSE, OFF_LOOP_BYTES, check_choices, parse_request, read_body
 from gateway.request_limits import RequestLimits, api_key_label
 from gateway.runtime import Runtime, RuntimeHolder
-from gateway.schema import ChatCompletionRequest, CompletionRequest, RequestBody, parse_body
+from gateway.schema import ChatCompletionRequest, CompletionRequest, RequestBody
 from gateway.skips import Skip, SkipReason
 from gateway.sse import SSEResponse, sse_error_event
 from gateway.telemetry.request import RequestTelemetry, start_request
@@ -75,6 +78,8 @@ class Pipeline:
     def __init__(self, holder: RuntimeHolder, telemetry: Telemetry | None = None):
         self.holder = holder
         self.telemetry = telemetry or build_telemetry(holder.current.config.telemetry)
+        # Lives as long as the app, so a reload keeps every tenant's cached prefixes reachable.
+        self.prefix_scopes = PrefixScopes()
 
     async def __call__(self, scope, receive, send) -> None:
         """ASGI entry (no Starlette Request/Response objects: this path is hot)."""
@@ -93,11 +98,15 @@ class Pipeline:
 
     async def _respond(self, rt: Runtime, request: _Request, head: _Head, receive) -> BytesResponse | SSEResponse:
         ctx = request.ctx
+        unread = True
         try:
-            raw = await _read_body(receive, head.length, rt.max_body_bytes)
+            # The key first: a stranger's body is never read, let alone parsed.
             ctx.tenant, ctx.key_name = rt.keys.authenticate(head.authorization)
-            body = parse_body(_BODY_MODELS[ctx.endpoint], raw)
-            call = self._prepare(rt, ctx, body, head.hint)
+            raw = await read_body(receive, head.length, rt.max_body_bytes, rt.config.server.body_timeout_s)
+            unread = False
+            body = await parse_request(_BODY_MODELS[ctx.endpoint], raw)
+            check_choices(body, rt.config.server.max_choices_per_request)
+            call = await self._prepare(rt, ctx, body, head.hint, len(raw) > OFF_LOOP_BYTES)
             decision = rt.router.route(ctx.tenant, ctx.tenant_class, ctx.model, ctx.profile)
             ctx.chain, ctx.route_reason = decision.chain, decision.reason
             request.trace.routed(ctx, rt.tenant(ctx.tenant).record_content)
@@ -111,10 +120,14 @@ class Pipeline:
             return BytesResponse(200, answer.body, _headers(ctx))
         except GatewayError as exc:
             ctx.status, ctx.error = exc.status, exc.message
-            return BytesResponse(exc.status, exc.body_bytes(), _headers(ctx, exc.headers))
+            extra = {**(exc.headers or {}), **CLOSE} if unread else exc.headers
+            return BytesResponse(exc.status, exc.body_bytes(), _headers(ctx, extra))
 
     # ---- parse, classify ---------------------------------------------------------------
-    def _prepare(self, rt: Runtime, ctx: RequestContext, body: RequestBody, hint: str | None) -> TierCall:
+    async def _prepare(self, rt: Runtime, ctx: RequestContext, body: RequestBody, hint: str | None,
+                       big: bool = False) -> TierCall:
+        """`big`: the body is big enough that counting its prompt tokens (chat template + BPE) runs
+        in a worker thread, off the event loop; the count is then always taken here."""
         ctx.model, ctx.stream, ctx.user = body.model, body.stream, body.user
         if not rt.router.knows(body.model):
             raise GatewayError(404, f"The model '{body.model}' does not exist", param="model", code="model_not_found")
@@ -123,13 +136,16 @@ class Pipeline:
             raise GatewayError(404, f"The model '{body.model}' does not exist or you do not have access to it",
                                param="model", code="model_not_found")
         ctx.tenant_class, ctx.priority = tenant.tenant_class, tenant.priority
-        ctx.prefix_scope = ctx.tenant if tenant.prefix_cache == "isolated" else None
+        ctx.prefix_scope = self.prefix_scopes.scope(rt.config.server.prefix_cache_secret(), ctx.tenant,
+                                                    tenant.prefix_cache, body.cache_salt)
         if hint is not None:
             hint = hint.strip().lower()
             if hint not in PROFILES:
                 raise GatewayError(400, f"{HINT_HEADER} must be one of {', '.join(PROFILES)}", param=HINT_HEADER)
         call = TierCall(ctx, body, body.model)
-        if rt.classifier.needs_prompt_tokens or rt.estimates[body.model]:
+        if big:
+            ctx.prompt_tokens_estimate = await asyncio.to_thread(self._count_prompt, rt, call)
+        elif rt.classifier.needs_prompt_tokens or rt.estimates[body.model]:
             ctx.prompt_tokens_estimate = self._count_prompt(rt, call)
         features = RequestFeatures(ctx.endpoint, body.model, ctx.tenant, ctx.tenant_class, body.stream, body.n,
                                    body.output_limit, ctx.prompt_tokens_estimate)
@@ -203,7 +219,8 @@ class Pipeline:
     async def _stream(self, rt: Runtime, limits: RequestLimits, call: TierCall,
                       decision: RouteDecision) -> SSEResponse:
         attempt, chunks, first = await ChainWalk(rt, limits, decision.chain).stream(call)
-        return SSEResponse(_relay(limits.ctx, attempt, first, chunks), _headers(limits.ctx))
+        return SSEResponse(_relay(limits.ctx, attempt, first, chunks), _headers(limits.ctx),
+                           attempt.tier.client_write_timeout_s)
 
     # ---- end of request -------------------------------------------------------------------
     async def _end(self, rt: Runtime, request: _Request, disconnected: bool) -> None:
@@ -278,24 +295,6 @@ def _headers(ctx: RequestContext, extra: dict[str, str] | None = None) -> dict[s
     if extra:
         headers.update(extra)
     return headers
-
-
-async def _read_body(receive, length: bytes | None, limit: int) -> bytes:
-    too_large = GatewayError(413, f"request body is larger than {limit} bytes", code="request_too_large")
-    if length is not None and length.isdigit() and int(length) > limit:
-        raise too_large
-    parts, size = [], 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise GatewayError(400, "client disconnected while sending the body")
-        part = message.get("body", b"")
-        size += len(part)
-        if size > limit:
-            raise too_large
-        parts.append(part)
-        if not message.get("more_body", False):
-            return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
 class BytesResponse:

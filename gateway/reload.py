@@ -4,19 +4,30 @@ The new config is validated and its new tiers started before one reference assig
 swaps it in; requests in flight finish on the snapshot they began with. A bad file, or a
 change that needs a restart (an embedded tier added, removed or changed: its engine owns
 memory and threads), is logged and the old config stays.
+
+A file being written can be valid YAML half-way (the first tiers, no auth section yet), so
+polling loads a changed file only once it has stayed the same (size, mtime and content hash)
+for `server.reload_settle_s`, seen so on two polls at least; a read that overlaps a write (the
+file's size or mtime moved while it was read) is no read at all. SIGHUP is the operator saying
+the file is complete: it loads at once, with the same overlap check. Whatever goes wrong in a
+poll is logged and the polling goes on: a reload task that died would leave the gateway on its
+old config with nobody told.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import os
 import signal
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from gateway.runtime import RuntimeHolder, build_runtime, same_tier_config
 from gateway.tiers.embedded import EmbeddedTier
-from policies.config import ConfigError, GatewayConfig, is_loopback, load_config
+from policies.config import ConfigError, GatewayConfig, is_loopback, parse_config
 from policies.tier_config import EmbeddedTierConfig
 
 log = logging.getLogger(__name__)
@@ -26,23 +37,54 @@ class ReloadRejected(ValueError):
     pass
 
 
+@dataclass(frozen=True)
+class FileVersion:
+    size: int
+    mtime_ns: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class FileRead:
+    version: FileVersion
+    text: str
+
+
 class ConfigReloader:
     def __init__(self, holder: RuntimeHolder, path: str | Path, host: str):
         self.holder = holder
         self.path = Path(path)
         self.host = host
-        self._mtime = self._stat()
+        self._loaded = self._version_now()       # the version served (or last tried): not loaded again
+        self._seen: tuple[FileVersion, float] | None = None   # a changed version, and when it was first seen
         self._task: asyncio.Task | None = None
         self._lock = asyncio.Lock()
         self._retiring: set[asyncio.Task] = set()
         self.last_error: str | None = None
 
-    def _stat(self) -> tuple[float, int] | None:
+    def _version_now(self) -> FileVersion | None:
         try:
-            st = os.stat(self.path)
-        except OSError:
+            return self.read().version
+        except ConfigError:
             return None
-        return st.st_mtime, st.st_size
+
+    def read(self) -> FileRead:
+        """The file's text and version; ConfigError when it cannot be read or changed while read."""
+        try:
+            before = os.stat(self.path)
+            data = self.path.read_bytes()
+            after = os.stat(self.path)
+        except FileNotFoundError:
+            raise ConfigError(f"{self.path}: file not found") from None
+        except OSError as exc:
+            raise ConfigError(f"{self.path}: cannot read ({exc.strerror})") from None
+        if (before.st_size, before.st_mtime_ns) != (after.st_size, after.st_mtime_ns) or len(data) != after.st_size:
+            raise ConfigError(f"{self.path}: the file changed while it was read")
+        try:
+            text = data.decode()
+        except UnicodeDecodeError:
+            raise ConfigError(f"{self.path}: not UTF-8 text") from None
+        return FileRead(FileVersion(after.st_size, after.st_mtime_ns, hashlib.sha256(data).hexdigest()), text)
 
     def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -66,35 +108,71 @@ class ConfigReloader:
             await asyncio.sleep(interval if interval > 0 else 5.0)
             if interval <= 0:
                 continue
-            mtime = self._stat()
-            if mtime is not None and mtime != self._mtime:
-                await self.reload("file changed")
-
-    async def reload(self, why: str) -> bool:
-        """Load, check and swap in the config file; False (old config kept) on any problem."""
-        async with self._lock:
-            self._mtime = self._stat()
             try:
-                config = await asyncio.to_thread(load_config, self.path)
+                await self.poll_once()
+            except Exception:
+                log.exception("config file check failed; checking again in %gs", interval)
+
+    async def poll_once(self) -> bool | None:
+        """One look at the file. A changed file is loaded once it has stayed the same for
+        reload_settle_s (on two looks at least); returns the reload's verdict, None when nothing
+        was loaded."""
+        try:
+            read = await asyncio.to_thread(self.read)
+        except ConfigError:
+            self._seen = None       # gone, unreadable or being written: look again next time
+            return None
+        version = read.version
+        if version == self._loaded:
+            self._seen = None
+            return None
+        now = time.monotonic()
+        if self._seen is None or self._seen[0] != version:
+            self._seen = (version, now)     # new since the last look: it may still be being written
+            return None
+        if now - self._seen[1] < self.holder.current.config.server.reload_settle_s:
+            return None
+        self._seen = None
+        return await self.reload("file changed", read)
+
+    async def reload(self, why: str, read: FileRead | None = None) -> bool:
+        """Load, check and swap in the config file (`read`: its content as a poll saw it);
+        False (old config kept) on any problem."""
+        async with self._lock:
+            try:
+                read = read or await asyncio.to_thread(self.read)
+                self._loaded = read.version     # a rejected file is not tried again until it changes
+                config = await asyncio.to_thread(parse_config, read.text, str(self.path))
                 self._check(config)
+                return await self._swap(config, why)
             except (ConfigError, ReloadRejected) as exc:
                 self.last_error = str(exc)
                 log.error("config reload (%s) rejected, keeping the old config: %s", why, exc)
                 return False
-            old = self.holder.current
-            runtime = build_runtime(config, old.tiers, self.holder.calibration)
-            fresh = [t for name, t in runtime.tiers.items() if old.tiers.get(name) is not t]
+            except Exception as exc:
+                self.last_error = f"{type(exc).__name__}: {exc}"
+                log.exception("config reload (%s) failed, keeping the old config", why)
+                return False
+
+    async def _swap(self, config: GatewayConfig, why: str) -> bool:
+        old = self.holder.current
+        runtime = build_runtime(config, old.tiers, self.holder.calibration)
+        fresh = [t for name, t in runtime.tiers.items() if old.tiers.get(name) is not t]
+        try:
             for tier in fresh:
                 await tier.start()    # upstream tiers only: opening a client is instant
-            self.holder.swap(runtime)
-            self.last_error = None
-            retired = [t for name, t in old.tiers.items() if runtime.tiers.get(name) is not t]
-            if retired:
-                task = asyncio.create_task(self._retire(retired))
-                self._retiring.add(task)
-                task.add_done_callback(self._retiring.discard)
-            log.warning("config reloaded (%s): %d tiers, %d new", why, len(runtime.tiers), len(fresh))
-            return True
+        except BaseException:
+            await asyncio.gather(*(t.close() for t in fresh), return_exceptions=True)
+            raise
+        self.holder.swap(runtime)
+        self.last_error = None
+        retired = [t for name, t in old.tiers.items() if runtime.tiers.get(name) is not t]
+        if retired:
+            task = asyncio.create_task(self._retire(retired))
+            self._retiring.add(task)
+            task.add_done_callback(self._retiring.discard)
+        log.warning("config reloaded (%s): %d tiers, %d new", why, len(runtime.tiers), len(fresh))
+        return True
 
     def _check(self, config: GatewayConfig) -> None:
         if not config.auth.enabled and not is_loopback(self.host):

@@ -12,9 +12,12 @@ rpm limit (bounded by the retry budget). A refusal by the tier's own scope (the 
 limits) moves on to the next tier like an open breaker; a refusal by any other scope is the
 client's 429. An escalation is a second answer: the first is reconciled, the second reserved.
 
-Estimate = prompt tokens + max_tokens x choices; without max_tokens, the tier's context length
-minus the prompt, or DEFAULT_OUTPUT_BOUND when the tier does not know its context. Each
-attempt (gateway/attempt.py) reconciles its reservation once.
+The reservation is an upper bound of what the tier can count, never a guess (reconciling
+cannot take tokens back, so an estimate below the count lets concurrent requests overshoot a
+budget): an embedded tier's exact prompt ids; at an upstream, a bound from the prompt's UTF-8
+length or the tier's tokenizer, plus max_tokens x choices, or the tier's context, or
+DEFAULT_OUTPUT_BOUND then sent as max_tokens (gateway/token_bounds.py). Each attempt
+(gateway/attempt.py) reconciles its reservation once.
 """
 
 from __future__ import annotations
@@ -25,10 +28,10 @@ from gateway.attempt import CANCELLED, Attempt
 from gateway.context import RequestContext
 from gateway.errors import GatewayError
 from gateway.limits import GatewayLimits
-from gateway.schema import CompletionRequest
 from gateway.skips import Skip, SkipReason
 from gateway.telemetry.request import RequestTelemetry
 from gateway.tiers.base import Tier, TierCall, TierUnfit
+from gateway.token_bounds import output_bound, prompt_bound, prompt_count
 from policies.breakers import Outcome, Permit, Rejection
 from policies.budgets import (
     Admission,
@@ -43,7 +46,6 @@ from policies.budgets.rules import check_scope_id
 from policies.budgets.types import SCOPE_PREFIX
 from policies.retry_budget import Deadline
 
-DEFAULT_OUTPUT_BOUND = 4096
 SESSION_HEADER = "x-session-id"
 
 
@@ -98,13 +100,13 @@ class RequestLimits:
             self.ctx.breaker_events.append((tier.name, verdict.state))
             return Skip(tier.name, SkipReason.BREAKER_OPEN, f"circuit breaker {verdict.state.replace('_', '-')} "
                                                             f"(retry in {verdict.retry_after:.1f}s)")
-        reservation, estimate = None, (0, 0)
+        reservation, estimate, cap = None, (0, 0), None
         try:
             if self.failure is not None and not self.limits.retry.try_retry():
                 self.retry_denied = True
                 raise self.nothing_left((), None)
             if self.limits.active:
-                estimate = self._estimate(tier)
+                estimate, cap = await self._estimate(tier)
                 reservation = await self._reserve(tier, estimate)
         except BaseException:      # no call will be made: the permit goes back uncounted
             await self._drop_permit(verdict)
@@ -114,7 +116,8 @@ class RequestLimits:
             return reservation
         span = self.trace.tier_span(self.ctx, self.call, tier)
         self.call.span = span          # the tier adds its events and response facts to it
-        self.current = Attempt(self, tier, verdict, reservation, estimate, span)
+        self.current = Attempt(self, tier, verdict, reservation, estimate, span,
+                               output_cap=cap if reservation is not None and reservation.scopes else None)
         return self.current
 
     async def _reserve(self, tier: Tier, estimate: tuple[int, int]) -> Reservation | Skip:
@@ -137,16 +140,22 @@ class RequestLimits:
             return Skip(tier.name, SkipReason.TIER_BUDGET, f"{admission.limit_kind} limit of the tier reached")
         raise refusal_error(admission)
 
-    def _estimate(self, tier: Tier) -> tuple[int, int]:
-        body = self.call.body
-        prompt = self.ctx.prompt_tokens_estimate or 0
-        prompts = len(body.prompts()) if isinstance(body, CompletionRequest) else 1
-        choices = max(body.n, body.best_of or 0) if isinstance(body, CompletionRequest) else body.n
-        per_choice = body.output_limit
-        if per_choice is None:
-            context = tier.context_length
-            per_choice = max(1, context - prompt // prompts) if context else DEFAULT_OUTPUT_BOUND
-        return prompt, per_choice * choices * prompts
+    async def _estimate(self, tier: Tier) -> tuple[tuple[int, int], int | None]:
+        """(prompt, completion) tokens to reserve for a call to `tier`, at least what it can count,
+        and the max_tokens the call must carry for that to hold (None: it holds already)."""
+        call, body = self.call, self.call.body
+        context = tier.context_length
+        count = getattr(tier, "count_prompt_tokens", None)
+        if count is not None:        # the tier tokenizes the prompt itself (embedded): its very ids
+            prompt = count(call)
+            output, cap = output_bound(body, context, exact_prompt=prompt)
+            return (prompt, output), cap
+        counter = await self.limits.tokenizers.counter(getattr(tier.config, "tokenizer", None))
+        prompt = prompt_bound(body, counter)
+        if context:                  # a longer prompt is refused there, and counts nothing
+            prompt = min(prompt, context * prompt_count(body))
+        output, cap = output_bound(body, context)
+        return (prompt, output), cap
 
     async def _drop_permit(self, permit: Permit) -> None:
         # No call was made: frees a half-open probe slot; not counted.

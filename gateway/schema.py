@@ -1,17 +1,20 @@
 """OpenAI request bodies as pydantic models, parsed and validated in one pass from the raw bytes.
 
-Types are strict (a string where a number belongs is an error, as at OpenAI). Unknown fields
-are kept, so an upstream tier (vLLM, SGLang) receives its own extensions unchanged;
-embedded tiers ignore them.
+Types are strict (a string where a number belongs is an error, as at OpenAI). Fields beyond the
+models are kept in `model_extra` as sent: the known ones (the rest of OpenAI's API, common vLLM
+extensions: gateway/schema_extensions.py) are type-checked here; an upstream tier forwards those
+and, per its config, rejects or drops the unknown ones (`unknown_fields()`); embedded tiers
+ignore what they do not refuse.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from gateway.errors import GatewayError
+from gateway.schema_extensions import ChatExtensions, CompletionExtensions, check_extensions, unknown_names
 
 
 class _Body(BaseModel):
@@ -52,6 +55,12 @@ MAX_OUTPUT_TOKENS = 1 << 20
 MAX_TOP_K = (1 << 31) - 1
 SEED_RANGE = (-(1 << 63), (1 << 64) - 1)       # what a 64-bit generator seed can hold
 MAX_STOP_CHARS = 1024
+MAX_CACHE_SALT_CHARS = 256
+# Sizes of the lists whose every entry costs work per request (a template turn, a prompt, a
+# token): the body cap alone would still admit hundreds of thousands of them.
+MAX_MESSAGES = 2048
+MAX_PROMPTS = 2048
+MAX_PROMPT_TOKEN_IDS = 1 << 20       # longer than any context
 
 
 class _Sampling(_Body):
@@ -71,6 +80,9 @@ class _Sampling(_Body):
     top_k: int | None = Field(None, ge=-1, le=MAX_TOP_K)    # -1 or 0: off (vLLM's convention)
     min_p: float | None = Field(None, ge=0, le=1)
     ignore_eos: bool = False
+    # vLLM's per-request prefix-cache salt: it narrows the tenant's prefix-cache scope (end users
+    # behind one key stop sharing cached prompts), never widens it. Upstreams never see it as sent.
+    cache_salt: str | None = Field(None, min_length=1, max_length=MAX_CACHE_SALT_CHARS)
 
     @field_validator("stop")
     @classmethod
@@ -87,6 +99,10 @@ class _Sampling(_Body):
             raise ValueError("stream_options is only allowed when stream is true")
         return value
 
+    def unknown_fields(self) -> list[str]:
+        """Fields sent that are neither modelled nor known extensions, in the order sent."""
+        return unknown_names(self.known_extensions, self.model_extra)
+
     def stop_list(self) -> list[str]:
         if self.stop is None:
             return []
@@ -98,7 +114,8 @@ class _Sampling(_Body):
 
 
 class ChatCompletionRequest(_Sampling):
-    messages: list[ChatMessage] = Field(min_length=1)
+    known_extensions: ClassVar[type] = ChatExtensions
+    messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
     max_completion_tokens: int | None = Field(None, ge=1, le=MAX_OUTPUT_TOKENS)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
@@ -120,6 +137,7 @@ class ChatCompletionRequest(_Sampling):
 
 
 class CompletionRequest(_Sampling):
+    known_extensions: ClassVar[type] = CompletionExtensions
     prompt: str | list[str] | list[int] | list[list[int]]
     logprobs: int | None = Field(None, ge=0, le=20)
     echo: bool = False
@@ -131,6 +149,14 @@ class CompletionRequest(_Sampling):
     def _non_empty(cls, value):
         if isinstance(value, list) and (not value or any(isinstance(x, list) and not x for x in value)):
             raise ValueError("prompt must not be empty")
+        if isinstance(value, list):
+            if isinstance(value[0], int):
+                if len(value) > MAX_PROMPT_TOKEN_IDS:
+                    raise ValueError(f"a prompt may have at most {MAX_PROMPT_TOKEN_IDS} token ids")
+            elif len(value) > MAX_PROMPTS:
+                raise ValueError(f"prompt may hold at most {MAX_PROMPTS} prompts, not {len(value)}")
+            elif isinstance(value[0], list) and any(len(ids) > MAX_PROMPT_TOKEN_IDS for ids in value):
+                raise ValueError(f"a prompt may have at most {MAX_PROMPT_TOKEN_IDS} token ids")
         return value
 
     @field_validator("best_of")
@@ -160,7 +186,10 @@ RequestBody = ChatCompletionRequest | CompletionRequest
 def parse_body(model: type[RequestBody], raw: bytes) -> RequestBody:
     """The validated body, or a 400 GatewayError naming the field."""
     try:
-        return model.model_validate_json(raw)
+        body = model.model_validate_json(raw)
+        if body.model_extra:
+            check_extensions(model.known_extensions, body.model_extra)
+        return body
     except ValidationError as exc:
         raise _to_error(exc) from None
 

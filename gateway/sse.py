@@ -4,6 +4,11 @@ Unlike Starlette's StreamingResponse, a client that goes away is noticed at once
 waits for http.disconnect) and the chunk iterator is closed right then, so the tier request
 behind it is aborted (engine KV freed, upstream connection closed) without waiting for the
 next token.
+
+A client that stays connected but stops reading is bounded too: once the server's socket
+buffers are full a send waits for the client, and a send that waits longer than the write
+timeout ends the response as if the client had left. Without that bound such a client would
+hold its tier call (an upstream connection, an engine sequence) for as long as it likes.
 """
 
 from __future__ import annotations
@@ -12,28 +17,70 @@ import asyncio
 import json
 from collections.abc import AsyncIterator
 
+DEFAULT_WRITE_TIMEOUT_S = 30.0
+
 
 def sse_error_event(message: str, type_: str | None = None) -> bytes:
     body = {"error": {"message": message, "type": type_ or "invalid_request_error", "param": None, "code": None}}
     return b"data: " + json.dumps(body).encode() + b"\n\n"
 
 
+class _WriteWatch:
+    """Cancels the pump when one send has waited `limit` seconds. One timer per `limit`, not one
+    per send: a send only stamps when it started."""
+
+    __slots__ = ("_handle", "_limit", "_loop", "_task", "since", "stalled")
+
+    def __init__(self, limit: float):
+        self._loop = asyncio.get_running_loop()
+        self._limit = limit
+        self._task: asyncio.Task | None = None
+        self._handle: asyncio.TimerHandle | None = None
+        self.since: float | None = None     # when the send in progress began; None between sends
+        self.stalled = False
+
+    def start(self, task: asyncio.Task) -> None:
+        self._task = task
+        self._handle = self._loop.call_later(self._limit, self._check)
+
+    def _check(self) -> None:
+        now = self._loop.time()
+        since = self.since
+        if since is not None and now - since >= self._limit:
+            self.stalled = True
+            self._task.cancel()
+            return
+        self._handle = self._loop.call_at((since if since is not None else now) + self._limit, self._check)
+
+    def stop(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+
+
 class SSEResponse:
-    def __init__(self, chunks: AsyncIterator[bytes], headers: dict[str, str]):
+    def __init__(self, chunks: AsyncIterator[bytes], headers: dict[str, str], write_timeout_s: float | None = None):
         self.chunks = chunks
         self.headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
         self.headers += [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
                          (b"x-accel-buffering", b"no")]
         self.status_code = 200
-        self.disconnected = False     # set once sent: whether the client left before the end
+        self.write_timeout_s = write_timeout_s or DEFAULT_WRITE_TIMEOUT_S
+        self.disconnected = False     # set once sent: whether the client left (or stalled) before the end
+        self.stalled = False          # set once sent: whether it was cut off for not reading
 
     async def __call__(self, scope, receive, send) -> None:
         disconnected = False
+        watch = _WriteWatch(self.write_timeout_s)
+        loop = asyncio.get_running_loop()
 
         async def pump() -> None:
+            watch.since = loop.time()
             await send({"type": "http.response.start", "status": 200, "headers": self.headers})
+            watch.since = None
             async for chunk in self.chunks:
+                watch.since = loop.time()
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                watch.since = None
             await send({"type": "http.response.body", "body": b"", "more_body": False})
 
         async def wait_disconnect() -> None:
@@ -42,21 +89,25 @@ class SSEResponse:
 
         pumping = asyncio.create_task(pump())
         watching = asyncio.create_task(wait_disconnect())
+        watch.start(pumping)
         try:
             done, _ = await asyncio.wait({pumping, watching}, return_when=asyncio.FIRST_COMPLETED)
             if pumping in done:
-                exc = pumping.exception()
+                exc = None if pumping.cancelled() else pumping.exception()
                 if exc is not None and not isinstance(exc, OSError):
                     raise exc
-                disconnected = isinstance(exc, OSError)   # the send failed: the client is gone
+                # the send failed (the client is gone), or it waited past the write timeout
+                disconnected = isinstance(exc, OSError) or watch.stalled
             else:
                 disconnected = True
                 pumping.cancel()
                 await asyncio.gather(pumping, return_exceptions=True)
         finally:
+            watch.stop()
             watching.cancel()
             if not pumping.done():
                 pumping.cancel()
                 await asyncio.gather(pumping, return_exceptions=True)
             await self.chunks.aclose()   # aborts the tier request if it is still running
             self.disconnected = disconnected
+            self.stalled = watch.stalled

@@ -8,14 +8,16 @@ policies/policy_config.py; this module ties them together and checks cross refer
 from __future__ import annotations
 
 import ipaddress
+import os
 from pathlib import Path
 
 import yaml
-from pydantic import BaseModel, ByteSize, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ByteSize, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from policies.limits_config import LimitsConfig
 from policies.policy_config import (
     PROFILES,
+    AdminKeyConfig,
     ApiKeyConfig,
     AuthConfig,
     ClassificationConfig,
@@ -37,7 +39,8 @@ from policies.tier_config import (
 
 __all__ = [
     "PROFILES", "ApiKeyConfig", "AuthConfig", "ClassificationConfig", "ClassifyRule", "ConfigError",
-    "EmbeddedTierConfig", "EscalationConfig", "GatewayConfig", "ModelAliasConfig",
+    "AdminKeyConfig", "EmbeddedTierConfig", "EscalationConfig", "GatewayConfig",
+    "ModelAliasConfig",
     "RouteRule", "RoutingConfig", "ServerConfig", "SpeculativeSettings", "TenantConfig", "UpstreamTierConfig",
     "hash_api_key", "is_loopback", "load_config", "parse_config",
 ]
@@ -45,6 +48,8 @@ __all__ = [
 
 class ConfigError(ValueError):
     """The configuration file is unreadable or invalid; the message names the field."""
+
+
 
 
 class _Strict(BaseModel):
@@ -60,15 +65,43 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+# A guessable secret would let a client derive another tenant's upstream cache salt.
+MIN_PREFIX_SECRET_CHARS = 16
+
+
 class ServerConfig(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
     max_body_bytes: ByteSize = Field(ByteSize(4 * 2**20), description="larger request bodies get 413")
     reload_poll_s: float = Field(2.0, ge=0, description="seconds between config file checks; 0: SIGHUP only")
+    body_timeout_s: float = Field(30.0, gt=0, description="a request body not fully received this long after "
+                                                           "its headers gets 408 (a trickled body holds no slot)")
+    max_choices_per_request: int = Field(128, ge=1, description="prompts x n (or best_of) of one request; "
+                                                                "more gets 400")
+    reload_settle_s: float = Field(1.0, ge=0, description="a changed config file is loaded once it has stayed the "
+                                                          "same (size, mtime, content) this long")
     log_requests: bool = Field(True, description="one log line per request with its routing decision")
     gil_switch_interval_ms: float = Field(
         1.0, gt=0, le=100, description="how long another thread (span exporter, engine step) may keep the "
                                        "GIL before the event loop gets it back; Python's default is 5 ms")
+    prefix_cache_secret_env: str | None = Field(
+        None, description="environment variable holding the secret prefix-cache scopes are derived from; "
+                          "unset: a random secret per process (replicas then never share upstream cache salts)")
+    _prefix_cache_secret: str | None = PrivateAttr(None)
+
+    @model_validator(mode="after")
+    def _read_prefix_cache_secret(self) -> ServerConfig:
+        # Read once per loaded config, so a request never sees the variable change under it.
+        if self.prefix_cache_secret_env is not None:
+            secret = os.environ.get(self.prefix_cache_secret_env, "")
+            if len(secret) < MIN_PREFIX_SECRET_CHARS:
+                raise ValueError(f"environment variable {self.prefix_cache_secret_env} (prefix_cache_secret_env) "
+                                 f"must hold at least {MIN_PREFIX_SECRET_CHARS} characters")
+            self._prefix_cache_secret = secret
+        return self
+
+    def prefix_cache_secret(self) -> str | None:
+        return self._prefix_cache_secret
 
 
 class GatewayConfig(_Strict):

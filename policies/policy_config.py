@@ -7,13 +7,14 @@ import os
 import re
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 Profile = Literal["latency", "throughput", "memory"]
 PROFILES: tuple[str, ...] = ("latency", "throughput", "memory")
 Endpoint = Literal["chat", "completions"]
 
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_GROUP_NAME = r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}"
 
 
 class _Strict(BaseModel):
@@ -25,14 +26,14 @@ def hash_api_key(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
-class ApiKeyConfig(_Strict):
-    tenant: str
+class KeySource(_Strict):
+    """Where a key's digest comes from: given as SHA-256 hex, or read from the environment."""
     sha256: str | None = Field(None, description="hex SHA-256 of the key (`tiergate hash-key KEY` prints it)")
     env: str | None = Field(None, description="environment variable holding the key itself")
     name: str | None = Field(None, description="label for logs")
 
     @model_validator(mode="after")
-    def _one_source(self) -> ApiKeyConfig:
+    def _one_source(self) -> KeySource:
         if (self.sha256 is None) == (self.env is None):
             raise ValueError("give exactly one of sha256 or env")
         if self.sha256 is not None:
@@ -47,10 +48,29 @@ class ApiKeyConfig(_Strict):
         return self.sha256 if self.sha256 is not None else hash_api_key(os.environ[self.env or ""])
 
 
+class ApiKeyConfig(KeySource):
+    tenant: str
+
+
+class AdminKeyConfig(KeySource):
+    """A key for the operator's endpoints (/metrics, the detailed /readyz) off loopback."""
+
+
 class AuthConfig(_Strict):
     enabled: bool = True
     keys: list[ApiKeyConfig] = []
+    admin_keys: list[AdminKeyConfig] = Field([], description="needed for /metrics and the detailed /readyz when the "
+                                                             "server listens off loopback")
     anonymous_tenant: str = Field("default", description="tenant of every request when auth is off")
+
+
+class PrefixCacheGroup(_Strict):
+    """A prefix-cache scope shared by exactly the tenants that name the same group."""
+    group: str = Field(pattern=f"^{_GROUP_NAME}$", description="tenants naming the same group share cached prefixes")
+
+
+# Who may hit (and so observe, through cached_tokens or timing) a tenant's cached prompt blocks.
+PrefixCacheMode = Literal["isolated", "shared"] | PrefixCacheGroup
 
 
 class TenantConfig(_Strict):
@@ -58,10 +78,28 @@ class TenantConfig(_Strict):
     tenant_class: str = Field("standard", alias="class", description="used by classification and routing rules")
     allow_profile_hint: bool = Field(True, description="honour the x-tiergate-profile header")
     models: list[str] | None = Field(None, description="model aliases this tenant may use; null: all")
-    prefix_cache: Literal["shared", "isolated"] = Field("shared", description="isolated: no prefix sharing with others")
+    prefix_cache: PrefixCacheMode = Field(
+        "isolated", description="isolated (default): this tenant's cached prefixes serve only it; shared: the scope "
+                                "every 'shared' tenant joins; {group: NAME}: shared with the tenants naming NAME")
     priority: int = Field(0, description="engine scheduling priority (higher first)")
     record_content: bool = Field(False, description="record this tenant's prompts and completions in traces "
                                                    "(only where telemetry.record_content allows it too)")
+
+    @field_validator("prefix_cache", mode="before")
+    @classmethod
+    def _prefix_cache_form(cls, value):
+        # Checked by hand so that a bad value gets one message naming the three forms, not one
+        # error per branch of the union.
+        if isinstance(value, str) and value in ("isolated", "shared"):
+            return value
+        if isinstance(value, dict) and set(value) == {"group"}:
+            name = value["group"]
+            if not isinstance(name, str) or not re.fullmatch(_GROUP_NAME, name):
+                raise ValueError("group must be 1-64 letters, digits or _.:- (starting with a letter or digit)")
+            return PrefixCacheGroup(group=name)
+        if isinstance(value, PrefixCacheGroup):
+            return value
+        raise ValueError("must be 'isolated', 'shared' or {group: NAME}")
 
 
 class NumberCondition(_Strict):

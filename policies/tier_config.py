@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ByteSize, ConfigDict, Discriminator, Field, Tag, model_validator
+from pydantic import BaseModel, ByteSize, ConfigDict, Discriminator, Field, FilePath, Tag, model_validator
 
 
 # What the engine accepts, restated here because policies never imports engines; each is defined
@@ -92,9 +92,32 @@ class UpstreamTierConfig(_Strict):
                                 "tier of the chain; when every tier left is busy, the first busy one takes it")
     max_connections: int = Field(256, gt=0)
     max_model_len: int | None = Field(None, gt=0, description="context length, if known (else the upstream checks)")
+    tokenizer: FilePath | None = Field(
+        None, description="the upstream model's tokenizer.json: budget reservations count prompts with it "
+                          "(tighter than the bound from their UTF-8 length used without it)")
     transport: Literal["pooled", "httpcore"] = Field(
         "pooled", description="httpx transport: tiergate's lean HTTP/1.1 pool, or httpx's default httpcore")
     verify_tls: bool = True
+    pool_timeout_s: float = Field(5.0, gt=0, description="longest wait for a free connection (or for one of the "
+                                                         "tenant's share); past it the call is the gateway's own "
+                                                         "overload (503 / 429), never counted against the tier")
+    tenant_share: float = Field(
+        0.5, gt=0, le=1, description="fraction of max_connections one tenant may hold at once, so that one "
+                                     "tenant's slow or stalled calls cannot take every connection; 1: no cap")
+    client_write_timeout_s: float = Field(
+        30.0, gt=0, description="a streaming client that takes no bytes for this long is cut off and its "
+                                "upstream call closed (a stalled reader would otherwise hold a connection)")
+    max_response_bytes: ByteSize = Field(
+        ByteSize(32 * 2**20), gt=0, description="largest whole answer, and largest single stream event, read "
+                                                "from the upstream; a bigger one is a tier failure")
+    extra_body_fields: list[str] = Field(
+        [], description="request body fields beyond OpenAI's and the known vLLM extensions that this upstream "
+                        "accepts; forwarded as the client sent them")
+    unknown_fields: Literal["reject", "drop"] = Field(
+        "reject", description="any other body field: 'reject' answers 400 naming it, 'drop' removes it")
+    supports_cache_salt: bool = Field(
+        False, description="the upstream accepts vLLM's `cache_salt`: it gets one derived from the tenant's "
+                           "prefix-cache scope (and the request's salt); otherwise no cache_salt is sent")
 
     @model_validator(mode="after")
     def _check(self) -> UpstreamTierConfig:

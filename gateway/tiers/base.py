@@ -20,7 +20,16 @@ from gateway.telemetry.tracing import TierSpan, untraced_tier_span
 
 
 class TierFailure(Exception):
-    """A server-side failure of one tier."""
+    """A server-side failure of one tier. `error`, when given, is what the client gets if no
+    other tier of the chain answers, instead of the gateway's generic 503 (an engine step that
+    raised: 500 engine_step_failed)."""
+
+    def __init__(self, message: str, *, error: GatewayError | None = None):
+        super().__init__(message)
+        self.error = error
+        # Set when the tier had finished generating before the failure (an upstream's 2xx whose
+        # body was then lost): its tokens were spent, so the attempt is charged, not refunded.
+        self.answered = False
 
 
 class EmptyStream(TierFailure):
@@ -60,11 +69,16 @@ class TierAnswer:
 
 
 class Tier:
-    """Base of both tier kinds. `state` is "loading", "ready" or "failed"."""
+    """Base of both tier kinds. `state` is "loading", "ready" or "failed" (an embedded tier also
+    has "restarting"). `unusable_reason()` is the tier's health: None when it may take calls;
+    `ready` says the same as a bool, and /readyz and the chain walk read them."""
 
     kind = "abstract"
     address: str | None = None           # where a remote tier listens (for its spans)
     port: int | None = None
+    # How long a stream's client may leave a send waiting before it is cut off (None: the
+    # gateway's default). Upstream tiers set it: a stalled client there holds a pooled connection.
+    client_write_timeout_s: float | None = None
 
     def __init__(self, name: str, config):
         self.name = name
@@ -75,7 +89,7 @@ class Tier:
 
     @property
     def ready(self) -> bool:
-        return self.state == "ready"
+        return self.unusable_reason() is None
 
     @property
     def busy(self) -> bool:

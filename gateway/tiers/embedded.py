@@ -2,6 +2,12 @@
 
 The model loads in a worker thread after the server is listening; until then the tier says
 "still loading" and the pipeline falls back past it.
+
+Engine faults: the requests of a step that raised end as a TierFailure carrying a 500
+`engine_step_failed` (the breaker counts it; the chain falls back if nothing was streamed;
+the client gets the 500 when no tier is left). An engine that died (steps kept failing) makes
+the tier unusable at once (routing skips it, /readyz says why) and is rebuilt in the background
+on the weights already loaded (gateway/tiers/engine_restart.py: backoff, bounded, logged).
 """
 
 from __future__ import annotations
@@ -14,9 +20,10 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 
-from engines.async_engine import AsyncEngine, EngineDeadError
-from engines.chat_template import ChatTemplateError
-from engines.errors import ModelLoadError, RequestTooLongError
+from engines.async_engine import AsyncEngine
+from engines.errors import EngineDeadError, EngineFault, ModelLoadError, StepFailedError
+from engines.llm_engine import LLMEngine
+from engines.loaded_model import LoadedModel
 from engines.quantization.calibration import CalibrationSource
 from engines.sampling_params import InvalidRequestError, SamplingParams
 from gateway.context import Usage
@@ -31,35 +38,32 @@ from gateway.openai_format import (
     json_bytes,
 )
 from gateway.schema import ChatCompletionRequest
-from gateway.tiers.base import Tier, TierAnswer, TierCall, TierFailure, TierUnfit
+from gateway.tiers.base import Tier, TierAnswer, TierCall, TierFailure
+from gateway.tiers.embedded_jobs import Job, check_supported, engine_jobs, render_prompts
 from gateway.tiers.embedded_load import build_engine
+from gateway.tiers.engine_restart import EngineRestarter, RestartPolicy
 from gateway.tiers.engine_events import EngineEvents
 from policies.tier_config import EmbeddedTierConfig
 
 log = logging.getLogger(__name__)
 
-_UNSUPPORTED_CHAT = ("tools", "tool_choice", "functions", "function_call")
-
-
-def derive_seed(seed: int | None, index: int) -> int | None:
-    """Choice 0 keeps the request's seed; the others get distinct seeds derived from it."""
-    if seed is None or index == 0:
-        return seed
-    digest = hashlib.blake2b(f"{seed}:{index}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") >> 1
-
 
 class EmbeddedTier(Tier):
     kind = "embedded"
 
-    def __init__(self, name: str, config: EmbeddedTierConfig, calibration: CalibrationSource | None = None):
+    def __init__(self, name: str, config: EmbeddedTierConfig, calibration: CalibrationSource | None = None,
+                 restart_policy: RestartPolicy | None = None):
         super().__init__(name, config)
         self.calibration = calibration
-        self.engine: AsyncEngine | None = None
+        self.engine: AsyncEngine | None = None     # None while loading and while restarting
+        self.loaded: LoadedModel | None = None     # weights, tokenizer, template: kept across restarts
         self.pieces: TokenPieces | None = None
         self.tokenizer_key: str | None = None
         self.notes: list[str] = []       # what the tier runs without (unsupported options)
         self.load_seconds: float | None = None
+        self.restarter = EngineRestarter(name, self._rebuild, self._restarted, self._give_up, restart_policy)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._closing = False
 
     # ---- lifecycle ------------------------------------------------------------------
     async def start(self) -> None:
@@ -70,7 +74,8 @@ class EmbeddedTier(Tier):
             self.state, self.error = "failed", str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             log.error("tier %s failed to load: %s", self.name, self.error)
             return
-        self.engine = AsyncEngine(llm)
+        self._loop = asyncio.get_running_loop()
+        self._install(llm)
         tok = llm.loaded.tokenizer
         self.pieces = TokenPieces(tok)
         self.tokenizer_key = hashlib.sha1(
@@ -83,8 +88,67 @@ class EmbeddedTier(Tier):
                     f" (runs without: {'; '.join(self.notes)})" if self.notes else "")
 
     async def close(self) -> None:
+        self._closing = True
+        await self.restarter.close()
         if self.engine is not None:
             await asyncio.to_thread(self.engine.shutdown)
+
+    def _install(self, llm: LLMEngine) -> None:
+        self.engine = AsyncEngine(llm, on_dead=self._engine_died)
+        self.loaded = llm.loaded
+        self._engine_config, self._engine_identity = llm.config, llm.identity
+
+    # ---- restarts -------------------------------------------------------------------
+    def _engine_died(self, engine: AsyncEngine) -> None:
+        """From the engine thread: the tier is unusable already (it reads engine.dead); the
+        restart itself is started on the event loop."""
+        if self._loop is None:
+            return
+        try:
+            self._loop.call_soon_threadsafe(self._begin_restart, engine)
+        except RuntimeError:     # the loop has closed: the process is shutting down
+            pass
+
+    def _begin_restart(self, engine: AsyncEngine) -> None:
+        if self._closing or engine is not self.engine:
+            return
+        self.state = "restarting"
+        self.engine = None
+        # The dead engine's KV pool must be freed before a new one is allocated. Start-up froze
+        # the heap, and frozen objects in reference cycles are never collected: unfreeze here,
+        # collect before the rebuild, freeze again once the new engine is in.
+        gc.unfreeze()
+        self.restarter.start()
+
+    def _rebuild(self) -> LLMEngine:
+        """A new engine on the weights already loaded; failing that, the whole tier as at start.
+        Runs in a worker thread."""
+        gc.collect()
+        try:
+            return LLMEngine(self.loaded, self._engine_config, self._engine_identity)
+        except Exception as exc:  # noqa: BLE001 - the slow path below may still work
+            log.warning("tier %s: cannot rebuild the engine on the loaded weights (%s); loading the tier again",
+                        self.name, exc)
+        llm, self.notes = build_engine(self.name, self.config, self.calibration)
+        return llm
+
+    def _restarted(self, llm: LLMEngine) -> None:
+        if self._closing:
+            return
+        self._install(llm)
+        self.state, self.error = "ready", None
+        gc.collect()
+        gc.freeze()
+
+    def _give_up(self, reason: str) -> None:
+        self.state, self.error = "failed", reason
+
+    def unusable_reason(self) -> str | None:
+        if self.state == "ready" and (self.engine is None or self.engine.dead):
+            return "engine stopped after repeated step failures; restarting"
+        if self.state == "restarting":
+            return "engine restarting after repeated step failures"
+        return super().unusable_reason()
 
     @property
     def context_length(self) -> int | None:
@@ -92,6 +156,10 @@ class EmbeddedTier(Tier):
 
     def describe(self) -> dict:
         out = super().describe()
+        if self.state == "ready" and not self.ready:
+            out["state"] = "restarting"       # the engine died a moment ago
+        if self.restarter.restarts:
+            out["restarts"] = self.restarter.restarts
         if self.notes:
             out["runs_without"] = self.notes
         if self.load_seconds is not None:
@@ -110,76 +178,29 @@ class EmbeddedTier(Tier):
         cached = call.prompt_ids.get(self.tokenizer_key)
         if cached is not None:
             return cached
-        loaded = self.engine.engine.loaded
-        body = call.body
-        if isinstance(body, ChatCompletionRequest):
-            messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()}
-                        for m in body.messages]
-            try:
-                prompts = [loaded.tokenizer.encode(loaded.chat_template.render(messages))]
-            except ChatTemplateError as exc:
-                raise GatewayError(400, str(exc), param="messages") from None
-        else:
-            prompts = [p if isinstance(p, list) else loaded.tokenizer.encode(p) for p in body.prompts()]
+        prompts = render_prompts(self.loaded, call.body)
         call.prompt_ids[self.tokenizer_key] = prompts
         return prompts
 
-    def _check_supported(self, body) -> None:
-        extra = body.model_extra or {}
-        if isinstance(body, ChatCompletionRequest):
-            for name in _UNSUPPORTED_CHAT:
-                if extra.get(name):
-                    raise GatewayError(400, f"'{name}' is not supported by embedded tiers", param=name)
-            fmt = extra.get("response_format")
-            if fmt and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
-                raise GatewayError(400, "only response_format {type: text} is supported", param="response_format")
-        else:
-            if body.echo:
-                raise GatewayError(400, "echo is not supported by embedded tiers", param="echo")
-            if body.suffix:
-                raise GatewayError(400, "suffix is not supported by embedded tiers", param="suffix")
-            if body.best_of is not None and body.best_of != body.n:
-                raise GatewayError(400, "best_of other than n is not supported", param="best_of")
-        if extra.get("logit_bias"):
-            raise GatewayError(400, "logit_bias is not supported by embedded tiers", param="logit_bias")
-
-    def _jobs(self, call: TierCall) -> list[tuple[int, list[int], SamplingParams]]:
+    def _jobs(self, call: TierCall) -> list[Job]:
         """(choice index, prompt ids, sampling) for every choice; raises before anything runs."""
         if self.engine is None:
             raise TierFailure(f"tier {self.name} is not loaded")
-        body = call.body
-        self._check_supported(body)
-        chat = isinstance(body, ChatCompletionRequest)
-        want_lp = (body.logprobs if chat else body.logprobs is not None) or call.want_logprobs
-        top = body.num_top_logprobs if chat else (body.logprobs or 0)
-        limit = self.engine.engine.max_model_len
-        jobs = []
-        for p_index, ids in enumerate(self._prompt_ids(call)):
-            max_tokens = body.output_limit or max(1, limit - len(ids))
-            for i in range(body.n):
-                params = SamplingParams(
-                    max_tokens=max_tokens, temperature=1.0 if body.temperature is None else body.temperature,
-                    top_p=1.0 if body.top_p is None else body.top_p, top_k=body.top_k or 0, min_p=body.min_p or 0.0,
-                    seed=derive_seed(body.seed, p_index * body.n + i), stop=body.stop_list(),
-                    ignore_eos=body.ignore_eos, presence_penalty=body.presence_penalty or 0.0,
-                    frequency_penalty=body.frequency_penalty or 0.0, logprobs=bool(want_lp), top_logprobs=top)
-                try:
-                    self.engine.engine.check_request(ids, params)
-                except RequestTooLongError as exc:   # a larger tier may take it
-                    raise TierUnfit(GatewayError(400, str(exc), param="messages" if chat else "prompt",
-                                                 code="context_length_exceeded")) from None
-                except InvalidRequestError as exc:
-                    raise GatewayError(400, str(exc), param=exc.param) from None
-                jobs.append((p_index * body.n + i, ids, params))
-        return jobs
+        check_supported(call.body)
+        return engine_jobs(call, self._prompt_ids(call), self.engine.engine)
 
     @staticmethod
     def _scope(call: TierCall) -> tuple[str | None, int]:
-        return call.ctx.prefix_scope, call.ctx.priority
+        """The engine request's prefix scope and priority. A tenant's `priority` runs higher
+        first (the config's meaning); the engine's scheduler admits lower first and preempts
+        the highest value first (heap on (priority, arrival)): negated here, the one place the
+        two meet."""
+        return call.ctx.prefix_scope, -call.ctx.priority
 
     # ---- answers ----------------------------------------------------------------------
     async def complete(self, call: TierCall) -> TierAnswer:
         jobs = self._jobs(call)
+        engine = self.engine      # this call's engine, even if a restart replaces it meanwhile
         rid = call.ctx.request_id
         scope, priority = self._scope(call)
         results = [ChoiceResult(index) for index, _, _ in jobs]
@@ -187,9 +208,9 @@ class EmbeddedTier(Tier):
 
         async def run(slot: ChoiceResult, ids: list[int], params: SamplingParams) -> None:
             nonlocal waiting_first
-            call.span.queued(queue_depth=self.engine.stats.queue_depth)
+            call.span.queued(queue_depth=engine.stats.queue_depth)
             events = EngineEvents(call.span)
-            async for out in self.engine.generate(f"{rid}-{slot.index}", ids, params, scope, priority):
+            async for out in engine.generate(f"{rid}-{slot.index}", ids, params, scope, priority):
                 events.observe(out)
                 if waiting_first:
                     waiting_first = False
@@ -206,8 +227,12 @@ class EmbeddedTier(Tier):
             async with asyncio.TaskGroup() as group:  # one failure cancels (and aborts) the others
                 for slot, (_, ids, params) in zip(results, jobs):
                     group.create_task(run(slot, ids, params))
-        except BaseExceptionGroup as group_error:
-            raise _tier_error(group_error.exceptions[0]) from None
+        except BaseException as exc:
+            # Unfinished (a failure, the client gone, the deadline): what the engine generated is charged.
+            call.ctx.usage.add(_usage(results, call.body.n))
+            if isinstance(exc, BaseExceptionGroup):
+                raise _tier_error(exc.exceptions[0]) from None
+            raise
         usage = _usage(results, call.body.n)
         _finish_span(call, results, usage)
         chat = isinstance(call.body, ChatCompletionRequest)
@@ -226,11 +251,12 @@ class EmbeddedTier(Tier):
         client_lp = body.logprobs if chat else body.logprobs is not None
         writer = ChunkWriter(chat, _response_id(call), int(time.time()), call.alias, body.include_usage,
                              self.pieces if client_lp else None)
+        engine = self.engine
         rid = call.ctx.request_id
         scope, priority = self._scope(call)
         for _ in jobs:   # submitted together when the stream is first read
-            call.span.queued(queue_depth=self.engine.stats.queue_depth)
-        outputs = _merged(self.engine, [(f"{rid}-{i}", ids, p, i) for i, ids, p in jobs], scope, priority)
+            call.span.queued(queue_depth=engine.stats.queue_depth)
+        outputs = _merged(engine, [(f"{rid}-{i}", ids, p, i) for i, ids, p in jobs], scope, priority)
         results = {i: ChoiceResult(i) for i, _, _ in jobs}
         started = set()
         keep_text = call.span.content_allowed   # texts are kept only for an opted-in span
@@ -253,7 +279,7 @@ class EmbeddedTier(Tier):
                         yield writer.role(index)
                 if out.text or out.finished or (client_lp and out.logprobs):
                     yield writer.delta(index, out.text, out.logprobs, out.finish_reason if out.finished else None)
-        except (EngineDeadError, InvalidRequestError) as exc:
+        except (EngineFault, InvalidRequestError) as exc:
             raise _tier_error(exc) from None
         finally:
             await outputs.aclose()
@@ -323,8 +349,11 @@ def _finish_span(call: TierCall, results: list[ChoiceResult], usage: Usage) -> N
 
 
 def _tier_error(exc: BaseException) -> BaseException:
+    # The engine's messages are written for clients (no exception text): the cause is in its log.
+    if isinstance(exc, StepFailedError):
+        return TierFailure(str(exc), error=GatewayError(500, str(exc), type_="server_error", code=exc.code.value))
     if isinstance(exc, EngineDeadError):
-        return TierFailure(str(exc))
+        return TierFailure(str(exc), error=GatewayError(503, str(exc), type_="server_error", code=exc.code.value))
     if isinstance(exc, InvalidRequestError):  # refused in the engine thread (e.g. a duplicate id)
         return GatewayError(400, str(exc), param=exc.param)
     return exc

@@ -8,11 +8,19 @@ once per arrival, with no stream-reader futures per read call.
 from __future__ import annotations
 
 import asyncio
+import re
 import socket
 from collections import deque
 
 MAX_HEAD = 64 * 1024
+MAX_LINE = 4096                 # a chunk-size or trailer line; past it the server is not speaking HTTP
+# Body bytes parsed but not yet read by the caller: past HIGH the socket stops being read, so a
+# reader that has stalled (a streaming client that stopped reading) pushes back on the server
+# through TCP instead of piling the answer up in memory; reading resumes below LOW.
+HIGH_WATER = 1 << 20
+LOW_WATER = 1 << 18
 _NO_BODY_STATUS = (204, 304)
+_CHUNK_SIZE = re.compile(rb"[0-9A-Fa-f]{1,16}")
 
 
 class ProtocolError(Exception):
@@ -31,6 +39,8 @@ class HTTPConnection(asyncio.Protocol):
         self._buf = bytearray()
         self._waiter: asyncio.Future | None = None
         self._error: BaseException | None = None
+        self._buffered = 0             # bytes in self.chunks
+        self._paused = False
         self._reset(head_request=False)
 
     # ---- asyncio.Protocol ---------------------------------------------------------------
@@ -47,6 +57,9 @@ class HTTPConnection(asyncio.Protocol):
             self._parse()
         except (ProtocolError, ValueError) as exc:
             self._fail(ProtocolError(str(exc)))
+        if self._buffered + len(self._buf) > HIGH_WATER and not self._paused and self.transport is not None:
+            self._paused = True
+            self.transport.pause_reading()
         self._wake()
 
     def eof_received(self) -> bool:
@@ -71,6 +84,8 @@ class HTTPConnection(asyncio.Protocol):
         self.keep_alive = True
         self.done = False
         self.chunks: deque[bytes] = deque()
+        self._buffered = 0
+        self._resume()
         self._head_request = head_request
         self._framing: str | None = None     # "length" | "chunked" | "close"
         self._remaining = 0                  # bytes left of a length body or of the current chunk
@@ -91,7 +106,21 @@ class HTTPConnection(asyncio.Protocol):
             if self.done:
                 return None
             await self._wait(timeout)
-        return self.chunks.popleft()
+        chunk = self.chunks.popleft()
+        self._buffered -= len(chunk)
+        if self._paused and self._buffered < LOW_WATER:
+            self._resume()
+        return chunk
+
+    def _resume(self) -> None:
+        if self._paused:
+            self._paused = False
+            if self.transport is not None and not self.closed:
+                self.transport.resume_reading()
+
+    def _emit(self, data: bytes) -> None:
+        self.chunks.append(data)
+        self._buffered += len(data)
 
     def close(self) -> None:
         self.closed = True
@@ -156,6 +185,8 @@ class HTTPConnection(asyncio.Protocol):
             headers.append((name, value))
             lname = name.lower()
             if lname == b"content-length":
+                if not value.isdigit() or (length is not None and int(value) != length):
+                    raise ProtocolError(f"bad content-length {value[:40]!r}")
                 length = int(value)
             elif lname == b"transfer-encoding":
                 chunked = b"chunked" in value.lower()
@@ -181,13 +212,13 @@ class HTTPConnection(asyncio.Protocol):
         if self._framing == "length":
             take = min(self._remaining, len(buf))
             if take:
-                self.chunks.append(bytes(buf[:take]))
+                self._emit(bytes(buf[:take]))
                 del buf[:take]
                 self._remaining -= take
             self.done = self._remaining == 0
         elif self._framing == "close":
             if buf:
-                self.chunks.append(bytes(buf))
+                self._emit(bytes(buf))
                 buf.clear()
             self.done = eof
         else:
@@ -199,8 +230,13 @@ class HTTPConnection(asyncio.Protocol):
             if self._chunk_state == "size":
                 end = buf.find(b"\r\n")
                 if end < 0:
+                    if len(buf) > MAX_LINE:
+                        raise ProtocolError("chunk size line too long")
                     return
-                size = int(bytes(buf[:end]).split(b";", 1)[0].strip(), 16)
+                digits = bytes(buf[:end]).split(b";", 1)[0].strip()
+                if not _CHUNK_SIZE.fullmatch(digits):
+                    raise ProtocolError(f"bad chunk size {digits[:40]!r}")
+                size = int(digits, 16)
                 del buf[:end + 2]
                 self._remaining = size
                 self._chunk_state = "data" if size else "trailers"
@@ -208,12 +244,12 @@ class HTTPConnection(asyncio.Protocol):
                 if len(buf) < self._remaining + 2:
                     if self._remaining and len(buf) > 0:   # hand on what is there, keep the rest
                         take = min(len(buf), self._remaining)
-                        self.chunks.append(bytes(buf[:take]))
+                        self._emit(bytes(buf[:take]))
                         del buf[:take]
                         self._remaining -= take
                     return
                 if self._remaining:
-                    self.chunks.append(bytes(buf[:self._remaining]))
+                    self._emit(bytes(buf[:self._remaining]))
                 if buf[self._remaining:self._remaining + 2] != b"\r\n":
                     raise ProtocolError("chunk not followed by CRLF")
                 del buf[:self._remaining + 2]
@@ -221,6 +257,8 @@ class HTTPConnection(asyncio.Protocol):
             else:   # trailers end with an empty line
                 end = buf.find(b"\r\n")
                 if end < 0:
+                    if len(buf) > MAX_LINE:
+                        raise ProtocolError("trailer line too long")
                     return
                 del buf[:end + 2]
                 if end == 0:

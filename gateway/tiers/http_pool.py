@@ -25,6 +25,7 @@ class PooledTransport(httpx.AsyncBaseTransport):
     def __init__(self, max_connections: int = 256, verify: bool = True, keepalive_expiry: float = 30.0):
         self._idle: dict[tuple, list[HTTPConnection]] = {}
         self._slots = asyncio.Semaphore(max_connections)
+        self.in_use = 0          # slots held: requests sent whose answer has not been read or closed yet
         self._expiry = keepalive_expiry
         self._ssl = ssl.create_default_context() if verify else _unverified_context()
 
@@ -39,6 +40,7 @@ class PooledTransport(httpx.AsyncBaseTransport):
                 await self._slots.acquire()
         except TimeoutError:
             raise httpx.PoolTimeout("no free upstream connection in time", request=request) from None
+        self.in_use += 1
         try:
             conn = self._pop_idle(key)
             if conn is not None:
@@ -53,7 +55,7 @@ class PooledTransport(httpx.AsyncBaseTransport):
                 raise httpx.RemoteProtocolError(f"the upstream closed without answering: {exc}",
                                                 request=request) from None
         except BaseException:
-            self._slots.release()
+            self._release_slot()
             raise
 
     async def aclose(self) -> None:
@@ -80,6 +82,10 @@ class PooledTransport(httpx.AsyncBaseTransport):
             self._idle.setdefault(key, []).append(conn)
         else:
             conn.close()
+        self._release_slot()
+
+    def _release_slot(self) -> None:
+        self.in_use -= 1
         self._slots.release()
 
     async def _connect(self, key: tuple, timeouts: dict, request: httpx.Request) -> HTTPConnection:

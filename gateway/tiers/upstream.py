@@ -3,31 +3,51 @@
 Requests are httpx.Request objects handed straight to the transport (tiergate's lean
 HTTP/1.1 pool, or httpx's own httpcore transport): httpx.AsyncClient's per-request layer
 (auth flows, cookies, redirects, URL merging) costs ~0.3 ms of CPU and does nothing here.
-Bodies pass through: the request goes out with the upstream's model name; the answer comes
-back byte for byte, parsed only to count usage (and logprobs when escalation needs them).
-Upstream 4xx answers are the client's problem and go back unchanged; connection errors,
-timeouts, 429 and 5xx are tier failures.
+Bodies pass through: the request goes out with the upstream's model name and the body fields
+the tier accepts (the rest rejected or dropped, per its config); the answer comes back byte for
+byte, read defensively (upstream_answers.py) to count usage (and logprobs when escalation needs
+them). Upstream 4xx answers are the client's problem and go back in OpenAI form; connection
+errors, timeouts, 429, 5xx and malformed or oversized answers are tier failures, whose
+details (the upstream's address, what it sent) reach logs and spans, never the client.
+
+Connections: each tenant holds at most its share of the tier's pool; a call that finds no free
+connection in time is the gateway's own overload (upstream_errors.TierOverloaded), not the
+tier's failure.
 """
 
 from __future__ import annotations
 
-import json
-import re
+import logging
+import math
 import time
 from collections.abc import AsyncIterator
 
 import httpx
 from pydantic_core import to_json
 
-from gateway.context import Usage
+from gateway.cache_salt import set_upstream_cache_salt
 from gateway.errors import GatewayError
 from gateway.schema import ChatCompletionRequest
-from gateway.tiers.base import Tier, TierAnswer, TierCall, TierFailure, TierUnfit
+from gateway.tiers.base import Tier, TierAnswer, TierCall, TierUnfit
 from gateway.tiers.http_pool import PooledTransport
+from gateway.tiers.tenant_shares import TenantShares
+from gateway.tiers.upstream_answers import (
+    AnswerFacts,
+    StreamReader,
+    mean_logprob,
+    read_answer,
+    read_usage,
+    strip_logprobs,
+)
+from gateway.tiers.upstream_errors import UpstreamFailure, pool_exhausted, tenant_share_exceeded
+from gateway.tiers.upstream_replies import client_error, failure_code, read_capped
 from policies.tier_config import UpstreamTierConfig
+
+log = logging.getLogger("gateway.upstream")
 
 _PATHS = {"chat": "/chat/completions", "completions": "/completions"}
 _CLIENT_ERRORS = (400, 413, 422)
+ERROR_BODY_LIMIT = 64 * 1024      # an error answer longer than this is not one to pass on
 
 
 class UpstreamTier(Tier):
@@ -39,13 +59,17 @@ class UpstreamTier(Tier):
         self._urls = {endpoint: httpx.URL(config.base_url + path) for endpoint, path in _PATHS.items()}
         base = httpx.URL(config.base_url)
         self.address, self.port = base.host, base.port or (443 if base.scheme == "https" else 80)  # for spans
+        self.client_write_timeout_s = config.client_write_timeout_s
         self._headers = [(b"content-type", b"application/json"), (b"accept", b"*/*"),
                          (b"user-agent", b"tiergate")]
         key = config.api_key()
         if key:
             self._headers.append((b"authorization", f"Bearer {key}".encode()))
         self._timeouts = {"connect": config.connect_timeout_s, "read": config.read_timeout_s,
-                          "write": config.read_timeout_s, "pool": config.connect_timeout_s}
+                          "write": config.read_timeout_s, "pool": config.pool_timeout_s}
+        share = max(1, math.ceil(config.tenant_share * config.max_connections))
+        self.shares = TenantShares(share, config.pool_timeout_s) if share < config.max_connections else None
+        self._extra_fields = frozenset(config.extra_body_fields)
 
     async def start(self) -> None:
         cfg = self.config
@@ -60,18 +84,6 @@ class UpstreamTier(Tier):
         if self.transport is not None:
             await self.transport.aclose()
 
-    async def _send(self, call: TierCall, stream: bool) -> httpx.Response:
-        headers = self._headers
-        trace = call.span.inject({})   # W3C traceparent: the upstream's spans join the client's trace
-        if trace:
-            headers = headers + [(k.encode("latin-1"), v.encode("latin-1")) for k, v in trace.items()]
-        request = httpx.Request("POST", self._urls[call.endpoint], headers=headers,
-                                content=self._payload(call, stream), extensions={"timeout": self._timeouts})
-        try:
-            return await self.transport.handle_async_request(request)
-        except httpx.HTTPError as exc:
-            raise self._failure(exc) from None
-
     @property
     def context_length(self) -> int | None:
         return self.config.max_model_len
@@ -80,9 +92,26 @@ class UpstreamTier(Tier):
         return {**super().describe(), "base_url": self.config.base_url, "model": self.config.model}
 
     # ---- requests ---------------------------------------------------------------------
-    def _payload(self, call: TierCall, stream: bool) -> bytes:
-        body = call.body.model_dump(exclude_unset=True)
+    def _check_request(self, call: TierCall) -> frozenset[str]:
+        """Raises TierUnfit when the request cannot go to this tier; returns the body fields to drop."""
+        limit = self.config.max_model_len
+        estimate = call.ctx.prompt_tokens_estimate
+        if limit is not None and estimate is not None and estimate + (call.body.output_limit or 0) > limit:
+            raise TierUnfit(GatewayError(
+                400, f"prompt (~{estimate} tokens) plus max_tokens exceeds this tier's context length {limit}",
+                param="messages" if call.endpoint == "chat" else "prompt", code="context_length_exceeded"))
+        unknown = [name for name in call.body.unknown_fields() if name not in self._extra_fields]
+        if not unknown:
+            return frozenset()
+        if self.config.unknown_fields == "drop":
+            return frozenset(unknown)
+        raise TierUnfit(GatewayError(400, f"Unrecognized request argument supplied: {unknown[0]}",
+                                     param=unknown[0], code="unknown_parameter"))
+
+    def _payload(self, call: TierCall, stream: bool, drop: frozenset[str]) -> bytes:
+        body = call.body.model_dump(exclude_unset=True, exclude=drop or None)
         body["model"] = self.config.model
+        set_upstream_cache_salt(body, call.ctx.prefix_scope, self.config.supports_cache_salt)
         if stream:
             body["stream"] = True
             body["stream_options"] = {"include_usage": True}   # so usage can be counted
@@ -90,196 +119,142 @@ class UpstreamTier(Tier):
             body["logprobs"] = True if isinstance(call.body, ChatCompletionRequest) else 1
         return to_json(body)
 
-    def _check_fits(self, call: TierCall) -> None:
-        limit = self.config.max_model_len
-        estimate = call.ctx.prompt_tokens_estimate
-        if limit is not None and estimate is not None and estimate + (call.body.output_limit or 0) > limit:
-            raise TierUnfit(GatewayError(
-                400, f"prompt (~{estimate} tokens) plus max_tokens exceeds this tier's context length {limit}",
-                param="messages" if call.endpoint == "chat" else "prompt", code="context_length_exceeded"))
+    async def _take_share(self, call: TierCall) -> bool:
+        if self.shares is None:
+            return False
+        if not await self.shares.acquire(call.ctx.tenant):
+            raise tenant_share_exceeded(self.name)
+        return True
 
-    def _failure(self, exc: Exception) -> TierFailure:
-        kind = type(exc).__name__
-        return TierFailure(f"upstream {self.config.base_url}: {kind}: {exc}")
+    def _give_share(self, call: TierCall, taken: bool) -> None:
+        if taken:
+            self.shares.release(call.ctx.tenant)
 
-    async def _check_status(self, response: httpx.Response) -> None:
-        if response.status_code < 400:
-            return
-        raw = await response.aread()
-        if response.status_code not in _CLIENT_ERRORS:
-            # 401/403/404 mean this tier is misconfigured (key, model name), 429/5xx that it is
-            # overloaded or down: none of them is the client's fault.
-            raise TierFailure(f"upstream answered {response.status_code}: {raw[:200]!r}")
-        raise GatewayError(response.status_code, _error_message(raw), raw=raw if _is_openai_error(raw) else None)
-
-    async def complete(self, call: TierCall) -> TierAnswer:
-        self._check_fits(call)
-        response = await self._send(call, False)
+    async def _send(self, call: TierCall, stream: bool, drop: frozenset[str]) -> httpx.Response:
+        headers = self._headers
+        trace = call.span.inject({})   # W3C traceparent: the upstream's spans join the client's trace
+        if trace:
+            headers = headers + [(k.encode("latin-1"), v.encode("latin-1")) for k, v in trace.items()]
+        request = httpx.Request("POST", self._urls[call.endpoint], headers=headers,
+                                content=self._payload(call, stream, drop), extensions={"timeout": self._timeouts})
         try:
-            await self._check_status(response)
-            raw = await response.aread()
+            return await self.transport.handle_async_request(request)
+        except httpx.PoolTimeout:
+            raise pool_exhausted(self.name) from None
         except httpx.HTTPError as exc:
             raise self._failure(exc) from None
-        finally:
-            await response.aclose()
+
+    def _failure(self, exc: Exception) -> UpstreamFailure:
+        return UpstreamFailure(failure_code(exc), f"{self.config.base_url}: {type(exc).__name__}: {exc}")
+
+    def _report(self, call: TierCall, failure: UpstreamFailure, mid_stream: bool = False) -> None:
+        """The detail for operators: the span always gets the code, and the detail when its
+        tenant allows content (an upstream's bytes may quote the prompt); a failure after the
+        first event is logged here, one before it by the chain walk."""
+        span = call.span
+        if span.recording:
+            attributes = {"tiergate.upstream.failure": failure.code}
+            if span.content_allowed:
+                attributes["tiergate.upstream.failure_detail"] = failure.detail[:2000]
+            span.span.add_event("tiergate.upstream.failed", attributes)
+        if mid_stream:
+            log.warning("tier %s failed mid-stream for %s: %s: %s", self.name, call.ctx.request_id,
+                        failure.code, failure.detail)
+
+    async def _check_status(self, response: httpx.Response) -> None:
+        status = response.status_code
+        if status < 400:
+            return
+        raw, whole = await read_capped(response, ERROR_BODY_LIMIT)
+        if status not in _CLIENT_ERRORS:
+            # 401/403/404 mean this tier is misconfigured (key, model name), 429/5xx that it is
+            # overloaded or down: none of them is the client's fault.
+            code = f"http_{status}" if 400 <= status < 600 else "http_status"
+            raise UpstreamFailure(code, f"{self.config.base_url} answered {status}: {raw[:200]!r}")
+        raise client_error(status, raw if whole else b"")
+
+    # ---- a whole answer -----------------------------------------------------------------
+    async def complete(self, call: TierCall) -> TierAnswer:
+        drop = self._check_request(call)
+        taken = await self._take_share(call)
+        answered = False      # a 2xx whole answer comes once generation is done: its tokens were spent
         try:
-            data = json.loads(raw)
-        except ValueError:
-            raise TierFailure(f"upstream {self.config.base_url} answered with invalid JSON") from None
-        usage = _usage(data.get("usage"))
+            response = await self._send(call, False, drop)
+            try:
+                await self._check_status(response)
+                answered = True
+                raw, whole = await read_capped(response, self.config.max_response_bytes)
+            except httpx.HTTPError as exc:
+                raise self._failure(exc) from None
+            finally:
+                await response.aclose()
+            if not whole:
+                raise UpstreamFailure("answer_too_large", f"more than {self.config.max_response_bytes} bytes")
+            data = read_answer(raw)
+            usage = read_usage(data.get("usage"))
+        except UpstreamFailure as exc:
+            exc.answered = answered   # the attempt charges an answered failure its reservation
+            self._report(call, exc)
+            raise
+        finally:
+            self._give_share(call, taken)
         if call.span.recording:
-            facts = _AnswerFacts(call.span.content_allowed)
+            facts = AnswerFacts(call.span.content_allowed)
             facts.read(data)
             facts.usage = usage
             facts.finish(call.span)
         mean = None
         if call.want_logprobs:
-            mean = _mean_logprob(data)
+            mean = mean_logprob(data)
             if not _client_wants_logprobs(call):
-                for choice in data.get("choices") or []:
-                    choice["logprobs"] = None
-                raw = json.dumps(data, separators=(",", ":")).encode()
+                strip_logprobs(data)
+                raw = to_json(data)
         return TierAnswer(raw, usage, mean)
 
+    # ---- a stream ---------------------------------------------------------------------------
     async def stream(self, call: TierCall) -> AsyncIterator[bytes]:
-        self._check_fits(call)
-        facts = _AnswerFacts(call.span.content_allowed)
-        response = await self._send(call, True)
+        drop = self._check_request(call)
+        facts = AnswerFacts(call.span.content_allowed)
+        ctx = call.ctx
+        relayed = False
+        taken = await self._take_share(call)
         try:
-            await self._check_status(response)
-            if not response.headers.get("content-type", "").startswith("text/event-stream"):
-                raise TierFailure(f"upstream {self.config.base_url} did not answer with an event stream")
-            include_usage = call.body.include_usage
-            buffer = b""
-            first = True
-            async for data in response.aiter_bytes():
-                buffer += data
-                *events, buffer = buffer.split(b"\n\n")
-                for event in events:
-                    if not event.strip():
-                        continue
-                    if first:
-                        first = False
-                        if call.ctx.first_token_at is None:
-                            call.ctx.first_token_at = time.perf_counter()
-                        call.span.first_token()
-                    if _read_event(event, call, facts) and not include_usage:
-                        continue
-                    yield event + b"\n\n"
-            if buffer.strip():   # a last event without its blank line
-                yield buffer.rstrip(b"\n") + b"\n\n"
-        except httpx.HTTPError as exc:
-            raise self._failure(exc) from None
+            response = await self._send(call, True, drop)
+            try:
+                await self._check_status(response)
+                if not response.headers.get("content-type", "").startswith("text/event-stream"):
+                    raise UpstreamFailure("not_event_stream", f"content-type {response.headers.get('content-type')!r}")
+                reader = StreamReader(self.config.max_response_bytes, facts, call.span.recording)
+                include_usage = call.body.include_usage
+                pieces = response.aiter_bytes()
+                while True:
+                    data = await anext(pieces, None)
+                    for event, usage, usage_only in (reader.end() if data is None else reader.feed(data)):
+                        if usage is not None:
+                            ctx.usage.add(usage)
+                        if not relayed:
+                            relayed = True
+                            if ctx.first_token_at is None:
+                                ctx.first_token_at = time.perf_counter()
+                            call.span.first_token()
+                        if usage_only and not include_usage:
+                            continue
+                        yield event
+                    if data is None:
+                        break
+            except httpx.HTTPError as exc:
+                raise self._failure(exc) from None
+            finally:
+                await response.aclose()
+        except UpstreamFailure as exc:
+            self._report(call, exc, mid_stream=relayed)
+            raise
         finally:
-            await response.aclose()
+            self._give_share(call, taken)
             if call.span.recording:
                 facts.finish(call.span)
-
-
-# Events worth parsing besides the usage chunk: the one that ends a choice.
-_FINISHED = re.compile(rb'"finish_reason":\s*"')
-
-
-def _read_event(event: bytes, call: TierCall, facts: _AnswerFacts) -> bool:
-    """Count usage from the final usage chunk and note what the span reports; True for the
-    usage-only chunk (choices == []). Only events that may matter are parsed."""
-    if not event.startswith(b"data: {"):
-        return False
-    has_usage = b'"usage"' in event
-    if not (has_usage or facts.keep_text or (call.span.recording and _FINISHED.search(event))):
-        return False
-    try:
-        data = json.loads(event[6:])
-    except ValueError:
-        return False
-    if call.span.recording:
-        facts.read(data)
-    usage = data.get("usage") if has_usage else None
-    if not usage:
-        return False
-    counted = _usage(usage)
-    call.ctx.usage.add(counted)
-    facts.usage = counted
-    return not data.get("choices")
-
-
-class _AnswerFacts:
-    """What the tier span reports of an upstream's answer: id, model, finish reasons, usage,
-    and the text, kept only for spans whose tenant opted in to content recording."""
-
-    __slots__ = ("finish_reasons", "keep_text", "model", "response_id", "texts", "usage")
-
-    def __init__(self, keep_text: bool):
-        self.keep_text = keep_text
-        self.response_id = self.model = None
-        self.finish_reasons: dict[int, str] = {}
-        self.texts: dict[int, list[str]] = {}
-        self.usage: Usage | None = None
-
-    def read(self, data: dict) -> None:
-        """One JSON answer, or one stream chunk."""
-        self.response_id = data.get("id") or self.response_id
-        self.model = data.get("model") or self.model
-        for choice in data.get("choices") or []:
-            if not isinstance(choice, dict):
-                continue
-            index = choice.get("index", 0)
-            if choice.get("finish_reason"):
-                self.finish_reasons[index] = str(choice["finish_reason"])
-            if self.keep_text:
-                part = choice.get("delta") or choice.get("message") or {}
-                text = part.get("content") if isinstance(part, dict) else None
-                text = choice.get("text") if text is None else text
-                if isinstance(text, str):
-                    self.texts.setdefault(index, []).append(text)
-
-    def finish(self, span) -> None:
-        indexes = sorted(set(self.finish_reasons) | set(self.texts))
-        reasons = [self.finish_reasons.get(i, "error") for i in indexes]
-        usage = self.usage
-        span.finish(response_id=self.response_id, response_model=self.model, finish_reasons=reasons,
-                    input_tokens=usage.prompt_tokens if usage else None,
-                    output_tokens=usage.completion_tokens if usage else None,
-                    cache_read_tokens=usage.cached_tokens if usage else None)
-        if self.keep_text:
-            span.record_output(["".join(self.texts.get(i, [])) for i in indexes], reasons)
-
-
-def _usage(usage) -> Usage:
-    if not isinstance(usage, dict):
-        return Usage()
-    details = usage.get("prompt_tokens_details") or {}
-    return Usage(int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0),
-                 int(details.get("cached_tokens") or 0))
-
-
-def _mean_logprob(data: dict) -> float | None:
-    values = []
-    for choice in data.get("choices") or []:
-        lp = choice.get("logprobs") or {}
-        if isinstance(lp.get("content"), list):
-            values.extend(t["logprob"] for t in lp["content"] if isinstance(t, dict) and "logprob" in t)
-        elif isinstance(lp.get("token_logprobs"), list):
-            values.extend(v for v in lp["token_logprobs"] if isinstance(v, (int, float)))
-    return sum(values) / len(values) if values else None
 
 
 def _client_wants_logprobs(call: TierCall) -> bool:
     body = call.body
     return bool(body.logprobs) if isinstance(body, ChatCompletionRequest) else body.logprobs is not None
-
-
-def _is_openai_error(raw: bytes) -> bool:
-    try:
-        data = json.loads(raw)
-    except ValueError:
-        return False
-    return isinstance(data, dict) and isinstance(data.get("error"), dict)
-
-
-def _error_message(raw: bytes) -> str:
-    try:
-        data = json.loads(raw)
-        return str(data["error"]["message"])
-    except (ValueError, KeyError, TypeError):
-        return raw[:500].decode("utf-8", errors="replace") or "upstream rejected the request"

@@ -17,7 +17,9 @@ Design notes
   tag (the reaper cannot know them in advance): fine on open-source Redis Cluster, refused by
   proxies that demand every key in KEYS.
 - Redis down: fail-closed raises BudgetStoreUnavailable (503); fail-open admits under a local
-  in-memory limiter with the same limits, per replica. Finishes that cannot reach Redis are
+  in-memory limiter with the same limits, per replica, that starts from the usage the replica
+  last saw in Redis (fail_open.py): each replica admits at most the remainder it last saw,
+  not a fresh budget. Finishes that cannot reach Redis are
   queued and replayed when it answers; usage admitted locally is replayed too. A queue lives
   in memory: a gateway that crashes while Redis is down loses its queue (its reservations
   then expire, and the usage of those requests goes uncounted).

@@ -5,7 +5,8 @@
     await budgets.reconcile(admission.reservation, input_tokens, output_tokens)   # or release()
 
 When the shared store (Redis) fails, the policy decides: fail-closed raises
-BudgetStoreUnavailable (503), fail-open admits under a local in-memory limiter. Finishes that
+BudgetStoreUnavailable (503), fail-open admits under a local in-memory limiter that starts from
+the usage last seen in the shared store (fail_open.py). Finishes that
 cannot reach Redis are queued and replayed once it answers again; each carries its reservation,
 so the store applies it exactly once even if it lost the reservation (see lua_scripts.FINISH).
 """
@@ -20,6 +21,7 @@ import time
 import uuid
 from collections import deque
 
+from policies.budgets.fail_open import FailOpenLimiter
 from policies.budgets.memory_store import MemoryBudgetStore
 from policies.budgets.messages import reason_for, refusal_message
 from policies.budgets.rules import cost_nano, scope_rules
@@ -42,14 +44,17 @@ _MAX_PENDING_RELEASES = 10_000
 
 
 class Budgets:
-    def __init__(self, config: LimitsConfig, store: BudgetStore, *, shared: bool):
-        """`shared`: the store is remote and may fail (Redis); the memory store never does."""
+    def __init__(self, config: LimitsConfig, store: BudgetStore, *, shared: bool,
+                 fail_open: FailOpenLimiter | None = None):
+        """`shared`: the store is remote and may fail (Redis); the memory store never does.
+        `fail_open`: the local limiter, shared by every Budgets on the same store (a reload keeps
+        what it has counted and seen)."""
         self._config = config
         # Rules depend only on the (immutable) config and the scopes: build them once per scope set.
         self._rules_for = functools.lru_cache(maxsize=4096)(functools.partial(scope_rules, config))
         self._store = store
         self._shared = shared
-        self._local = MemoryBudgetStore()  # the fail-open limiter, per replica
+        self._local = fail_open if fail_open is not None else FailOpenLimiter()  # admits while the store is down
         self._down_until = 0.0             # monotonic: skip the shared store until then
         self._in_outage = False            # logged once per outage, not once per retry
         self._pending: deque[tuple[Reservation, int, int]] = deque()  # usage to replay
@@ -107,6 +112,8 @@ class Budgets:
             # first must not turn this request's usage replay into a duplicate.
             return await self._degraded(dataclasses.replace(plan, rid=uuid.uuid4().hex), scopes.tier)
         self._mark_up()
+        if self._shared and decision.code != "duplicate":
+            self._local.observe(rules, decision)      # the usage a later outage starts from
         return self._admission(plan, decision, scopes.tier, local=False)
 
     async def reconcile(self, reservation: Reservation, input_tokens: int, output_tokens: int) -> FinishStatus:
@@ -220,6 +227,8 @@ class Budgets:
                     await self._store.finish(reservation, tokens, cost, tomb)
                     self._pending.popleft()
                     self.stats["replayed"] += 1
+                    if reservation.local:       # now in the shared counters the limiter sees
+                        self._local.replayed(reservation, tokens, cost)
                 while self._releases:
                     await self._store.finish(self._releases[0], 0, 0, tomb)
                     self._releases.popleft()

@@ -80,7 +80,9 @@ end
 # ARGV: P, rid, ttl_us, tokens, cost_nano, tombstone_ms, n, then 8 per scope:
 #       id, rpm, tpm, max_concurrent, tokens_day, tokens_month, cost_day, cost_month (-1 = none)
 # Returns {code, scope, what, retry_us (-1 = never), now, day, month,
-#          limit_r, remaining_r, reset_r_us, limit_t, remaining_t, reset_t_us} (-1 = no such limit)
+#          limit_r, remaining_r, reset_r_us, limit_t, remaining_t, reset_t_us} (-1 = no such limit),
+#         then per scope: day tokens, day cost, month tokens, month cost used + reserved (after
+#         this reservation when admitted; -1 = no such counter); not after 'duplicate'.
 RESERVE = PRELUDE + CALENDAR + r"""
 local rid = ARGV[2]
 local ttl = tonumber(ARGV[3])
@@ -134,6 +136,9 @@ end
 
 -- GCRA over one minute: admitted if the new theoretical arrival time is at most a minute ahead.
 local function gcra(sid, limit, cost_units, tat, what, off)
+  -- A tier's scope is shared by every tenant: its state stays out of the caller's headers.
+  local after, before = after, before
+  if string.sub(sid, 1, 2) == 'm:' then after, before = {-1, -1, -1, -1, -1, -1}, {-1, -1, -1, -1, -1, -1} end
   local base = math.max(tat, now)
   if limit == 0 then
     header(after, off, 0, 0, 0)
@@ -166,6 +171,23 @@ local function check_budget(sid, key, tlim, clim, reset_at, what_t, what_c)
   if clim >= 0 and uc + rc + cost > clim then
     quota_fail = fail(quota_fail, sid, what_c, cost <= clim and reset_at - now or -1)
   end
+  return ut + rt, uc + rc
+end
+
+-- The budget counters of every scope after the decision (`add`: this reservation's share).
+local function with_counters(reply, scopes, add)
+  for _, s in ipairs(scopes) do
+    for _, c in ipairs({{s.dt, s.dc}, {s.mt, s.mc}}) do
+      if c[1] < 0 then
+        reply[#reply + 1] = -1
+        reply[#reply + 1] = -1
+      else
+        reply[#reply + 1] = c[1] + add * tokens
+        reply[#reply + 1] = c[2] + add * cost
+      end
+    end
+  end
+  return reply
 end
 
 local scopes = {}
@@ -173,7 +195,8 @@ for i = 1, n do
   local b = 7 + (i - 1) * 8
   local s = {id = ARGV[b + 1], rpm = tonumber(ARGV[b + 2]), tpm = tonumber(ARGV[b + 3]),
              conc = tonumber(ARGV[b + 4]), tday = tonumber(ARGV[b + 5]), tmon = tonumber(ARGV[b + 6]),
-             cday = tonumber(ARGV[b + 7]), cmon = tonumber(ARGV[b + 8]), flags = 0}
+             cday = tonumber(ARGV[b + 7]), cmon = tonumber(ARGV[b + 8]), flags = 0,
+             dt = -1, dc = -1, mt = -1, mc = -1}
   scopes[i] = s
   if s.rpm >= 0 or s.tpm >= 0 then
     local tats = redis.call('HMGET', P .. ':rl:' .. s.id, 'r', 't')
@@ -195,19 +218,20 @@ for i = 1, n do
   end
   if s.tday >= 0 or s.cday >= 0 then
     s.flags = s.flags + 1
-    check_budget(s.id, P .. ':bd:' .. s.id .. ':' .. day, s.tday, s.cday, next_day, 'tokens_per_day', 'cost_per_day')
+    s.dt, s.dc = check_budget(s.id, P .. ':bd:' .. s.id .. ':' .. day, s.tday, s.cday, next_day,
+                              'tokens_per_day', 'cost_per_day')
   end
   if s.tmon >= 0 or s.cmon >= 0 then
     s.flags = s.flags + 2
-    check_budget(s.id, P .. ':bm:' .. s.id .. ':' .. month, s.tmon, s.cmon, next_month,
-                 'tokens_per_month', 'cost_per_month')
+    s.mt, s.mc = check_budget(s.id, P .. ':bm:' .. s.id .. ':' .. month, s.tmon, s.cmon, next_month,
+                              'tokens_per_month', 'cost_per_month')
   end
 end
 
 local refused = quota_fail or rate_fail
 if refused then
-  return {refused[2], refused[1], refused[2], refused[3], now, day, month,
-          before[1], before[2], before[3], before[4], before[5], before[6]}
+  return with_counters({refused[2], refused[1], refused[2], refused[3], now, day, month,
+                        before[1], before[2], before[3], before[4], before[5], before[6]}, scopes, 0)
 end
 
 -- All scopes pass: reserve in every one of them.
@@ -237,7 +261,8 @@ end
 redis.call('HSET', rkey, 'st', 'h', 'd', cjson.encode(rec))
 redis.call('PEXPIRE', rkey, int(math.ceil(ttl / 1000) + tomb_ms))
 redis.call('ZADD', RESX, int(expiry), rid)
-return {'ok', '', '', -1, now, day, month, after[1], after[2], after[3], after[4], after[5], after[6]}
+return with_counters({'ok', '', '', -1, now, day, month, after[1], after[2], after[3], after[4], after[5], after[6]},
+                     scopes, 1)
 """
 
 # ARGV: P, rid, actual_tokens, actual_cost_nano, tombstone_ms, the client's record (JSON)

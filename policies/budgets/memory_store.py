@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from policies.budgets.rules import periods
 from policies.budgets.store import CONCURRENCY_RETRY_S, ScopeUsage, decision_from_raw
-from policies.budgets.types import Decision, FinishStatus, Reservation, ReservePlan
+from policies.budgets.types import SCOPE_PREFIX, Decision, FinishStatus, Reservation, ReservePlan
 
 MINUTE = 60_000_000
 _CONC_RETRY = int(CONCURRENCY_RETRY_S * 1e6)
@@ -109,7 +109,7 @@ class MemoryBudgetStore:
             if h[off] == -1 or remaining < h[off + 1]:
                 h[off:off + 3] = [limit, max(remaining, 0), math.ceil(max(reset, 0))]
 
-        def gcra(limit, units, tat, off):
+        def gcra(limit, units, tat, off, after=after, before=before):
             base = max(tat, now)
             if limit == 0:
                 header(after, off, 0, 0, 0)
@@ -136,18 +136,29 @@ class MemoryBudgetStore:
                 quota_fail = fail(quota_fail, sid, what_t, reset_at - now if tokens <= tlim else -1)
             if clim >= 0 and uc + rc + cost > clim:
                 quota_fail = fail(quota_fail, sid, what_c, reset_at - now if cost <= clim else -1)
+            return [ut + rt, uc + rc]
+
+        def with_counters(reply: list, add: int) -> list:
+            # The budget counters of every scope after the decision (`add`: this reservation's share).
+            for pair in budget_counters:
+                for t, c in (pair[:2], pair[2:]):
+                    reply += [-1, -1] if t < 0 else [t + add * tokens, c + add * cost]
+            return reply
 
         updates = []
+        budget_counters = []
         for rule in plan.rules:
             sid = rule.scope
             new_r = new_t = None
             tats = self._tat.get(sid, [0.0, 0.0])
+            # A tier's scope is shared by every tenant: its state stays out of the caller's headers.
+            hidden = ([-1] * 6, [-1] * 6) if sid.startswith(SCOPE_PREFIX["tier"]) else ()
             if rule.rpm >= 0:
-                new_r, retry = gcra(rule.rpm, 1, tats[0], 0)
+                new_r, retry = gcra(rule.rpm, 1, tats[0], 0, *hidden)
                 if retry is not None:
                     rate_fail = fail(rate_fail, sid, "rpm", retry)
             if rule.tpm >= 0:
-                new_t, retry = gcra(rule.tpm, tokens, tats[1], 3)
+                new_t, retry = gcra(rule.tpm, tokens, tats[1], 3, *hidden)
                 if retry is not None:
                     rate_fail = fail(rate_fail, sid, "tpm", retry)
             if rule.max_concurrent >= 0:
@@ -156,17 +167,20 @@ class MemoryBudgetStore:
                 if len(live) + 1 > rule.max_concurrent:
                     rate_fail = fail(rate_fail, sid, "max_concurrent",
                                      -1 if rule.max_concurrent == 0 else _CONC_RETRY)
+            day_counts = month_counts = [-1, -1]
             if rule.budget_flags & 1:
-                check_budget(sid, ("bd", sid, day), rule.tokens_per_day, rule.cost_per_day, next_day,
-                             "tokens_per_day", "cost_per_day")
+                day_counts = check_budget(sid, ("bd", sid, day), rule.tokens_per_day, rule.cost_per_day, next_day,
+                                          "tokens_per_day", "cost_per_day")
             if rule.budget_flags & 2:
-                check_budget(sid, ("bm", sid, month), rule.tokens_per_month, rule.cost_per_month, next_month,
-                             "tokens_per_month", "cost_per_month")
+                month_counts = check_budget(sid, ("bm", sid, month), rule.tokens_per_month, rule.cost_per_month,
+                                            next_month, "tokens_per_month", "cost_per_month")
+            budget_counters.append(day_counts + month_counts)
             updates.append((rule, new_r, new_t))
 
         refused = quota_fail or rate_fail
         if refused:
-            return decision_from_raw([refused[1], refused[0], refused[1], refused[2], now, day, month, *before])
+            return decision_from_raw(with_counters(
+                [refused[1], refused[0], refused[1], refused[2], now, day, month, *before], 0))
 
         ttl = int(plan.ttl_s * 1e6)
         expiry = now + ttl
@@ -189,7 +203,7 @@ class MemoryBudgetStore:
                 c["rc"] = c.get("rc", 0) + cost
         self._records[plan.rid] = _Record("h", rec, expiry + int(plan.tombstone_ttl_s * 1e6))
         heapq.heappush(self._expiries, (expiry, plan.rid))
-        return decision_from_raw(["ok", "", "", -1, now, day, month, *after])
+        return decision_from_raw(with_counters(["ok", "", "", -1, now, day, month, *after], 1))
 
     async def finish(self, reservation: Reservation, tokens: int, cost_nano: int,
                      tombstone_ttl_s: float) -> FinishStatus:

@@ -53,8 +53,11 @@ class BudgetStore(Protocol):
 
 
 def decision_from_raw(raw: list) -> Decision:
-    """The Redis script's reply (also produced by the memory store) as a Decision."""
-    code, scope, _what, retry_us, now_us, day, month, lr, rr, sr, lt, rt, st = raw
+    """The Redis script's reply (also produced by the memory store) as a Decision: 13 fields, then
+    4 budget counters per rule (see Decision.counters)."""
+    code, scope, _what, retry_us, now_us, day, month, lr, rr, sr, lt, rt, st = raw[:13]
+    rest = [int(v) for v in raw[13:]]
+    counters = tuple(tuple(rest[i:i + 4]) for i in range(0, len(rest) - 3, 4))
 
     def opt(v):
         return None if int(v) < 0 else int(v)
@@ -65,7 +68,7 @@ def decision_from_raw(raw: list) -> Decision:
     info = RateLimitInfo(limit_requests=opt(lr), remaining_requests=opt(rr), reset_requests_s=secs(sr),
                          limit_tokens=opt(lt), remaining_tokens=opt(rt), reset_tokens_s=secs(st))
     return Decision(code=_s(code), scope=_s(scope) or None, retry_after_s=secs(retry_us),
-                    now=int(now_us) / 1e6, day=_s(day), month=_s(month), info=info)
+                    now=int(now_us) / 1e6, day=_s(day), month=_s(month), info=info, counters=counters)
 
 
 def _s(v) -> str:

@@ -98,6 +98,10 @@ class Decision:
     day: str                  # UTC period labels the reservation was counted in
     month: str
     info: RateLimitInfo
+    # Per rule of the plan, in its order: (day tokens, day nano-USD, month tokens, month nano-USD)
+    # used + reserved, after this reservation when admitted; -1 where the scope keeps no such
+    # counter. The fail-open limiter starts from them (fail_open.py).
+    counters: tuple[tuple[int, int, int, int], ...] = ()
 
 
 @dataclass(frozen=True)

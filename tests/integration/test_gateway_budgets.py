@@ -11,19 +11,24 @@ import httpx
 import openai
 import pytest
 
+from gateway.schema import ChatCompletionRequest
+from gateway.token_bounds import prompt_bound
 from tests.fakes.upstream import ANSWER
 from policies.config import hash_api_key
 from tests.gateway_harness import InstantUpstream, RunningGateway
 
 KEYS = {"rpm": "sk-rpm-000000001", "small": "sk-small-0000002", "sess": "sk-sess-00000003",
         "meter": "sk-meter-0000004"}
-MSG = [{"role": "user", "content": "Say something."}]   # 14 characters: estimated at 4 prompt tokens
-PROMPT_ESTIMATE = 4
+MSG = [{"role": "user", "content": "Say something."}]
+# What a reservation holds for MSG's prompt: an upper bound of any upstream's count.
+PROMPT_ESTIMATE = prompt_bound(ChatCompletionRequest.model_validate({"model": "m", "messages": MSG}))
 PROMPT_WORDS = 2                                           # what the instant upstream counts
 ANSWER_WORDS = len(ANSWER.split())
+# Each request reserves PROMPT_ESTIMATE + ANSWER_WORDS and uses PROMPT_WORDS + ANSWER_WORDS: 8 fit.
+SMALL_BUDGET = PROMPT_ESTIMATE + ANSWER_WORDS + 7 * (PROMPT_WORDS + ANSWER_WORDS)
 
 
-def _config(upstream: str, small_budget: int = 100, prefix: str = "tiergate") -> str:
+def _config(upstream: str, small_budget: int = SMALL_BUDGET, prefix: str = "tiergate") -> str:
     return f"""
 server: {{reload_poll_s: 0}}
 auth:
@@ -110,7 +115,7 @@ def test_budget_exhausted_is_insufficient_quota_and_a_reload_keeps_the_counters(
     with pytest.raises(openai.RateLimitError) as info:
         for _ in range(20):
             served += client.chat.completions.create(model="m", messages=MSG, max_tokens=ANSWER_WORDS).usage.total_tokens
-    # 100 tokens a day; each request reserves 4 + 9 and uses 2 + 9: the 9th no longer fits.
+    # Each request reserves PROMPT_ESTIMATE + 9 and uses 2 + 9: the 9th no longer fits.
     assert served == 8 * (PROMPT_WORDS + ANSWER_WORDS)
     assert (info.value.code, info.value.type) == ("insufficient_quota", "insufficient_quota")
     assert "tenant 'small'" in info.value.message
@@ -119,7 +124,7 @@ def test_budget_exhausted_is_insufficient_quota_and_a_reload_keeps_the_counters(
     usage = _on_gateway(gw, limits.budgets.usage("t:small"))
     assert (usage.used_tokens_day, usage.reserved_tokens_day, usage.in_flight) == (served, 0, 0)
 
-    gw.config_path.write_text(_config(upstream.base_url, small_budget=200))
+    gw.config_path.write_text(_config(upstream.base_url, small_budget=SMALL_BUDGET + 100))
     assert gw.reload()
     assert gw.runtime.limits is not limits                       # new limits...
     assert gw.runtime.limits.budgets.store is limits.budgets.store   # ...on the same store
@@ -131,7 +136,7 @@ def test_budget_exhausted_is_insufficient_quota_and_a_reload_keeps_the_counters(
 
     # Another store: a fresh one for new requests (counters do not move across stores).
     kept = gw.runtime.limits
-    gw.config_path.write_text(_config(upstream.base_url, small_budget=200, prefix="other"))
+    gw.config_path.write_text(_config(upstream.base_url, small_budget=SMALL_BUDGET + 100, prefix="other"))
     assert gw.reload()
     assert gw.runtime.limits.budgets.store is not kept.budgets.store
     assert _on_gateway(gw, gw.runtime.limits.budgets.usage("t:small")).used_tokens_day == 0

@@ -20,6 +20,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from gateway.schema import ChatCompletionRequest
+from gateway.token_bounds import prompt_bound
 from tests.fakes.upstream import ANSWER
 from policies.budgets.redis_store import RedisBudgetStore
 from policies.config import hash_api_key
@@ -33,7 +35,8 @@ QUOTA_KEY = "sk-quota-00000001"
 APP_KEY = "sk-app-000000002"
 BUDGET = 3000                      # tokens per month of tenant 'quota'
 MSG = [{"role": "user", "content": "Say something."}]
-ESTIMATE = 14 // 4 + 1 + 9         # reserved per request: prompt chars / 4 + 1, plus max_tokens 9
+# Reserved per request: the prompt's upper bound, plus max_tokens 9.
+ESTIMATE = prompt_bound(ChatCompletionRequest.model_validate({"model": "m", "messages": MSG})) + 9
 ACTUAL = 2 + len(ANSWER.split())   # used: the instant upstream counts 2 prompt words + 9 answer words
 
 

@@ -1,0 +1,89 @@
+"""An OpenAI request body as an embedded engine's jobs: what the engine cannot do is refused
+(400), prompts are rendered (chat template) and tokenized, and every choice becomes one engine
+request with its own SamplingParams, checked against the engine before anything runs."""
+
+from __future__ import annotations
+
+import hashlib
+
+from engines.chat_template import ChatTemplateError
+from engines.errors import RequestTooLongError
+from engines.llm_engine import LLMEngine
+from engines.loaded_model import LoadedModel
+from engines.sampling_params import InvalidRequestError, SamplingParams
+from gateway.errors import GatewayError
+from gateway.schema import ChatCompletionRequest, RequestBody
+from gateway.tiers.base import TierCall, TierUnfit
+
+UNSUPPORTED_CHAT = ("tools", "tool_choice", "functions", "function_call")
+
+Job = tuple[int, list[int], SamplingParams]      # (choice index, prompt ids, sampling)
+
+
+def derive_seed(seed: int | None, index: int) -> int | None:
+    """Choice 0 keeps the request's seed; the others get distinct seeds derived from it."""
+    if seed is None or index == 0:
+        return seed
+    digest = hashlib.blake2b(f"{seed}:{index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+def render_prompts(loaded: LoadedModel, body: RequestBody) -> list[list[int]]:
+    """Token ids of every prompt: a chat through the model's template, completions as given."""
+    if isinstance(body, ChatCompletionRequest):
+        messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()}
+                    for m in body.messages]
+        try:
+            return [loaded.tokenizer.encode(loaded.chat_template.render(messages))]
+        except ChatTemplateError as exc:
+            raise GatewayError(400, str(exc), param="messages") from None
+    return [p if isinstance(p, list) else loaded.tokenizer.encode(p) for p in body.prompts()]
+
+
+def check_supported(body: RequestBody) -> None:
+    extra = body.model_extra or {}
+    if isinstance(body, ChatCompletionRequest):
+        for name in UNSUPPORTED_CHAT:
+            if extra.get(name):
+                raise GatewayError(400, f"'{name}' is not supported by embedded tiers", param=name)
+        fmt = extra.get("response_format")
+        if fmt and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
+            raise GatewayError(400, "only response_format {type: text} is supported", param="response_format")
+    else:
+        if body.echo:
+            raise GatewayError(400, "echo is not supported by embedded tiers", param="echo")
+        if body.suffix:
+            raise GatewayError(400, "suffix is not supported by embedded tiers", param="suffix")
+        if body.best_of is not None and body.best_of != body.n:
+            raise GatewayError(400, "best_of other than n is not supported", param="best_of")
+    if extra.get("logit_bias"):
+        raise GatewayError(400, "logit_bias is not supported by embedded tiers", param="logit_bias")
+
+
+def engine_jobs(call: TierCall, prompts: list[list[int]], engine: LLMEngine) -> list[Job]:
+    """One job per choice of every prompt. Raises TierUnfit when a request is too long for this
+    engine (a larger tier may take it), GatewayError when it is wrong anywhere."""
+    body = call.body
+    chat = isinstance(body, ChatCompletionRequest)
+    want_lp = (body.logprobs if chat else body.logprobs is not None) or call.want_logprobs
+    top = body.num_top_logprobs if chat else (body.logprobs or 0)
+    limit = engine.max_model_len
+    jobs = []
+    for p_index, ids in enumerate(prompts):
+        max_tokens = body.output_limit or max(1, limit - len(ids))
+        for i in range(body.n):
+            params = SamplingParams(
+                max_tokens=max_tokens, temperature=1.0 if body.temperature is None else body.temperature,
+                top_p=1.0 if body.top_p is None else body.top_p, top_k=body.top_k or 0, min_p=body.min_p or 0.0,
+                seed=derive_seed(body.seed, p_index * body.n + i), stop=body.stop_list(),
+                ignore_eos=body.ignore_eos, presence_penalty=body.presence_penalty or 0.0,
+                frequency_penalty=body.frequency_penalty or 0.0, logprobs=bool(want_lp), top_logprobs=top)
+            try:
+                engine.check_request(ids, params)
+            except RequestTooLongError as exc:   # a larger tier may take it
+                raise TierUnfit(GatewayError(400, str(exc), param="messages" if chat else "prompt",
+                                             code="context_length_exceeded")) from None
+            except InvalidRequestError as exc:
+                raise GatewayError(400, str(exc), param=exc.param) from None
+            jobs.append((p_index * body.n + i, ids, params))
+    return jobs

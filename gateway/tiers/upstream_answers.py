@@ -1,0 +1,261 @@
+"""Reading what an upstream answers, defensively: a whole JSON answer, or an event stream.
+
+An upstream is another program on the network, so its bytes are input like a client's: any of
+them may be malformed (not JSON, JSON that is not an object, usage that is not a count, CRLF
+line ends, an event that never ends). Everything here either returns a value or raises
+UpstreamFailure, which the chain walk treats as the tier's failure (fallback, breaker); no other
+exception may escape, since one would end the request with a 500 and count nothing.
+
+Streams are relayed event by event without parsing most of them (the overhead budget is ~1 ms
+per request): the first data event is always parsed, later ones only when they may carry
+usage, an error, a finish reason the span reports, or text the span records.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+
+from gateway.context import Usage
+from gateway.tiers.upstream_errors import UpstreamFailure
+
+MAX_REPORTED_TOKENS = 1 << 31      # more than any context: a count past it is not a count
+_FIELDS = (b"data", b"event", b"id", b"retry")
+_FINISHED = re.compile(rb'"finish_reason":\s*"')
+_DONE = b"[DONE]"
+
+
+def _excerpt(raw: bytes) -> str:
+    return repr(raw[:200])
+
+
+def _loads(raw: bytes, code: str):
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError):    # RecursionError: nesting deeper than the parser's stack
+        raise UpstreamFailure(code, f"not JSON: {_excerpt(raw)}") from None
+
+
+# ---- whole answers ---------------------------------------------------------------------
+def read_answer(raw: bytes) -> dict:
+    """The answer as a dict with a list of choice objects, or UpstreamFailure."""
+    data = _loads(raw, "invalid_json")
+    if not isinstance(data, dict):
+        raise UpstreamFailure("not_an_object", f"answer is a JSON {type(data).__name__}: {_excerpt(raw)}")
+    choices = data.get("choices")
+    if not isinstance(choices, list) or not all(isinstance(c, dict) for c in choices):
+        raise UpstreamFailure("bad_choices", f"choices is not a list of objects: {_excerpt(raw)}")
+    return data
+
+
+def _count(value, name: str) -> int:
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < MAX_REPORTED_TOKENS:
+        raise UpstreamFailure("bad_usage", f"usage {name} is {value!r:.80}")
+    return value
+
+
+def read_usage(value) -> Usage:
+    """The reported usage; absent or null is zero (the attempt charges its estimate)."""
+    if value is None:
+        return Usage()
+    if not isinstance(value, dict):
+        raise UpstreamFailure("bad_usage", f"usage is a {type(value).__name__}")
+    details = value.get("prompt_tokens_details")
+    if details is not None and not isinstance(details, dict):
+        raise UpstreamFailure("bad_usage", f"prompt_tokens_details is a {type(details).__name__}")
+    cached = _count(details.get("cached_tokens"), "cached_tokens") if details else 0
+    return Usage(_count(value.get("prompt_tokens"), "prompt_tokens"),
+                 _count(value.get("completion_tokens"), "completion_tokens"), cached)
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def mean_logprob(data: dict) -> float | None:
+    """The mean token logprob over every choice, in chat or completions shape; None without any."""
+    values: list[float] = []
+    for choice in data.get("choices") or ():
+        lp = choice.get("logprobs") if isinstance(choice, dict) else None
+        if not isinstance(lp, dict):
+            continue
+        content, tokens = lp.get("content"), lp.get("token_logprobs")
+        if isinstance(content, list):
+            values.extend(t["logprob"] for t in content if isinstance(t, dict) and _number(t.get("logprob")))
+        elif isinstance(tokens, list):
+            values.extend(v for v in tokens if _number(v))
+    return sum(values) / len(values) if values else None
+
+
+def strip_logprobs(data: dict) -> None:
+    for choice in data["choices"]:
+        choice["logprobs"] = None
+
+
+class AnswerFacts:
+    """What the tier span reports of an answer: id, model, finish reasons, usage, and the text,
+    kept only for spans whose tenant opted in to content recording. Reads any shape."""
+
+    __slots__ = ("finish_reasons", "keep_text", "model", "response_id", "texts", "usage")
+
+    def __init__(self, keep_text: bool):
+        self.keep_text = keep_text
+        self.response_id = self.model = None
+        self.finish_reasons: dict[int, str] = {}
+        self.texts: dict[int, list[str]] = {}
+        self.usage: Usage | None = None
+
+    def read(self, data: dict) -> None:
+        """One JSON answer, or one stream chunk."""
+        if isinstance(data.get("id"), str):
+            self.response_id = data["id"]
+        if isinstance(data.get("model"), str):
+            self.model = data["model"]
+        choices = data.get("choices")
+        for choice in choices if isinstance(choices, list) else ():
+            if not isinstance(choice, dict):
+                continue
+            index = choice.get("index", 0)
+            index = index if isinstance(index, int) and not isinstance(index, bool) and 0 <= index < 1024 else 0
+            if isinstance(choice.get("finish_reason"), str):
+                self.finish_reasons[index] = choice["finish_reason"]
+            if self.keep_text:
+                part = choice.get("delta") or choice.get("message") or {}
+                text = part.get("content") if isinstance(part, dict) else None
+                text = choice.get("text") if text is None else text
+                if isinstance(text, str):
+                    self.texts.setdefault(index, []).append(text)
+
+    def finish(self, span) -> None:
+        indexes = sorted(set(self.finish_reasons) | set(self.texts))
+        reasons = [self.finish_reasons.get(i, "error") for i in indexes]
+        usage = self.usage
+        span.finish(response_id=self.response_id, response_model=self.model, finish_reasons=reasons,
+                    input_tokens=usage.prompt_tokens if usage else None,
+                    output_tokens=usage.completion_tokens if usage else None,
+                    cache_read_tokens=usage.cached_tokens if usage else None)
+        if self.keep_text:
+            span.record_output(["".join(self.texts.get(i, [])) for i in indexes], reasons)
+
+
+# ---- event streams -----------------------------------------------------------------------
+class EventSplitter:
+    """Server-sent events out of arbitrary byte pieces. Lines may end in LF, CRLF or CR (the SSE
+    grammar allows all three); events come out LF-only, without their blank line. An event
+    growing past `limit` bytes is a failure: a stream that never ends an event would otherwise
+    be buffered without bound."""
+
+    __slots__ = ("_buf", "_cr", "limit")
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self._buf = bytearray()
+        self._cr = False     # the last piece ended in CR, already read as a line end: a LF next completes it
+
+    def feed(self, data: bytes) -> list[bytes]:
+        if not data:
+            return []
+        if self._cr and data[:1] == b"\n":
+            data = data[1:]
+        self._cr = data.endswith(b"\r")
+        if b"\r" in data:
+            data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        buf = self._buf
+        start = max(0, len(buf) - 1)     # what was buffered holds no blank line: search only the seam on
+        buf += data
+        events, taken = [], 0
+        while (end := buf.find(b"\n\n", start)) >= 0:
+            events.append(bytes(buf[taken:end]))
+            taken = start = end + 2
+        if taken:
+            del buf[:taken]
+        if len(buf) > self.limit or any(len(e) > self.limit for e in events):
+            raise UpstreamFailure("event_too_large", f"an event of more than {self.limit} bytes")
+        return events
+
+    def end(self) -> list[bytes]:
+        """The last event, if the stream ended without its blank line."""
+        tail = bytes(self._buf)
+        self._buf.clear()
+        return [tail] if tail.strip() else []
+
+
+def event_data(event: bytes) -> bytes | None:
+    """The event's data (its data lines joined), None for an event without any (a comment, a
+    retry hint). Text that is not SSE field syntax is a failure."""
+    if b"\n" not in event:
+        if event.startswith(b"data:"):
+            value = event[5:]
+            return value[1:] if value[:1] == b" " else value
+        lines = [event]
+    else:
+        lines = event.split(b"\n")
+    parts = []
+    for line in lines:
+        if not line or line.startswith(b":"):
+            continue
+        name, _, value = line.partition(b":")
+        if name not in _FIELDS:
+            raise UpstreamFailure("bad_event", f"not an SSE line: {_excerpt(line)}")
+        if name == b"data":
+            parts.append(value[1:] if value[:1] == b" " else value)
+    return b"\n".join(parts) if parts else None
+
+
+class StreamReader:
+    """One upstream event stream: `feed` bytes as they arrive, `end` once it closed. Each returns
+    the events to relay as (bytes ready to send, usage if the event reported some, whether it is
+    the usage-only chunk (choices == [])). Facts for the span are noted on `facts`."""
+
+    __slots__ = ("_first", "_splitter", "facts", "record_finish")
+
+    def __init__(self, limit: int, facts: AnswerFacts, record_finish: bool):
+        self._splitter = EventSplitter(limit)
+        self.facts = facts
+        self.record_finish = record_finish   # the span is recording: finish reasons are worth a parse
+        self._first = True
+
+    def feed(self, data: bytes) -> list[tuple[bytes, Usage | None, bool]]:
+        return self._read(self._splitter.feed(data))
+
+    def end(self) -> list[tuple[bytes, Usage | None, bool]]:
+        return self._read(self._splitter.end())
+
+    def _read(self, events: list[bytes]) -> list[tuple[bytes, Usage | None, bool]]:
+        out = []
+        for event in events:
+            event = event.strip(b"\n")
+            if not event.strip():
+                continue
+            data = event_data(event)
+            if data is None:
+                continue            # comments and retry hints are the upstream's, not the client's
+            usage, usage_only = self._inspect(event, data)
+            out.append((event + b"\n\n", usage, usage_only))
+        return out
+
+    def _inspect(self, event: bytes, data: bytes) -> tuple[Usage | None, bool]:
+        stripped = data.strip()
+        if stripped == _DONE:
+            return None, False
+        if not stripped.startswith(b"{"):
+            raise UpstreamFailure("bad_event", f"event data is not a JSON object: {_excerpt(data)}")
+        has_usage = b'"usage"' in data
+        first, self._first = self._first, False
+        if not (first or has_usage or b'"error"' in data or self.facts.keep_text
+                or (self.record_finish and _FINISHED.search(data))):
+            return None, False
+        chunk = _loads(data, "bad_event")
+        if not isinstance(chunk, dict):
+            raise UpstreamFailure("bad_event", f"event data is not a JSON object: {_excerpt(data)}")
+        if "error" in chunk and "choices" not in chunk:
+            raise UpstreamFailure("stream_error", f"the upstream sent an error event: {_excerpt(data)}")
+        self.facts.read(chunk)
+        if not has_usage or chunk.get("usage") is None:
+            return None, False
+        usage = read_usage(chunk["usage"])
+        self.facts.usage = usage
+        return usage, not chunk.get("choices")

@@ -1,0 +1,173 @@
+"""An upstream that answers badly, over real HTTP: malformed or oversized answers are the tier's
+failures (fallback to the next tier, counted by its breaker), CRLF event streams are read event
+by event, and nothing of the upstream's address or of what it sent reaches the client (the
+x-tiergate-fallbacks header, 503 bodies, SSE error events); operators find it in the logs."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+
+import httpx
+import pytest
+
+from tests.fakes.upstream import ANSWER
+from tests.gateway_harness import InstantUpstream, RunningGateway
+
+MSG = [{"role": "user", "content": "Say something."}]
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    hostile, good = InstantUpstream(), InstantUpstream()
+    path = tmp_path_factory.mktemp("gw-hostile") / "gateway.yaml"
+    path.write_text(f"""
+auth: {{enabled: false}}
+server: {{reload_poll_s: 0}}
+tiers:
+  hostile: {{kind: upstream, base_url: "{hostile.base_url}", model: instant, max_response_bytes: 1MiB}}
+  up: {{kind: upstream, base_url: "{good.base_url}", model: instant}}
+models:
+  h-first: {{chain: [hostile, up]}}
+  h-only: {{chain: [hostile]}}
+limits:
+  breakers: {{default: {{min_calls: 1000}}}}
+  retry: {{min_retries_per_window: 1000}}
+""")
+    gw = RunningGateway(path)
+    yield gw, hostile
+    gw.stop()
+    hostile.stop()
+    good.stop()
+
+
+def _control(upstream: InstantUpstream, **update) -> dict:
+    return httpx.post(upstream.base_url.removesuffix("/v1") + "/__control", json=update).json()
+
+
+@pytest.fixture
+def hostile(setup):
+    gw, upstream = setup
+    yield upstream
+    _control(upstream, mode=None, fail_status=None, huge_bytes=4 << 20)
+
+
+def _breaker(gw, name: str = "hostile"):
+    return asyncio.run_coroutine_threadsafe(gw.runtime.limits.breakers.state(name), gw.server_loop()).result(5)
+
+
+def _chat(gw, model: str, **body) -> httpx.Response:
+    return httpx.post(f"{gw.base}/v1/chat/completions", json={"model": model, "messages": MSG, **body}, timeout=30)
+
+
+def _stream(gw, model: str, **body) -> tuple[httpx.Response, list[str]]:
+    with httpx.stream("POST", f"{gw.base}/v1/chat/completions", timeout=30,
+                      json={"model": model, "messages": MSG, "stream": True, **body}) as resp:
+        lines = [line for line in resp.iter_lines() if line]
+    return resp, lines
+
+
+def _events(lines: list[str]) -> list[dict]:
+    return [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
+
+
+def _text(events: list[dict]) -> str:
+    return "".join(c["choices"][0]["delta"].get("content") or "" for c in events if c.get("choices"))
+
+
+@pytest.mark.parametrize("mode", ["garbage", "non_object", "bad_usage", "huge"])
+def test_a_malformed_answer_falls_back_and_counts_against_the_tier(setup, hostile, mode):
+    gw, _ = setup
+    _control(hostile, mode=mode, huge_bytes=2 << 20)
+    before = _breaker(gw)
+    resp = _chat(gw, "h-first")
+    assert resp.status_code == 200 and resp.json()["choices"][0]["message"]["content"] == ANSWER
+    assert resp.headers["x-tiergate-tier"] == "up"
+    assert resp.headers["x-tiergate-fallbacks"] == "hostile: tier_failure"
+    after = _breaker(gw)
+    assert (after.calls, after.failures) == (before.calls + 1, before.failures + 1)
+
+
+@pytest.mark.parametrize("mode", ["garbage", "non_object", "bad_usage", "huge"])
+def test_a_malformed_stream_falls_back_before_any_byte(setup, hostile, mode):
+    gw, _ = setup
+    _control(hostile, mode=mode, huge_bytes=2 << 20)
+    before = _breaker(gw)
+    resp, lines = _stream(gw, "h-first")
+    assert resp.status_code == 200 and resp.headers["x-tiergate-tier"] == "up"
+    assert resp.headers["x-tiergate-fallbacks"] == "hostile: tier_failure"
+    assert _text(_events(lines)) == ANSWER and lines[-1] == "data: [DONE]"
+    assert _breaker(gw).failures == before.failures + 1
+
+
+def test_a_malformed_answer_with_nowhere_to_go_is_a_503_in_openai_form(setup, hostile):
+    gw, _ = setup
+    _control(hostile, mode="non_object")
+    resp = _chat(gw, "h-only")
+    assert resp.status_code == 503
+    assert set(resp.json()["error"]) == {"message", "type", "param", "code"}
+
+
+def test_a_crlf_event_stream_is_relayed_event_by_event_and_its_usage_counted(setup, hostile, caplog):
+    gw, _ = setup
+    caplog.set_level(logging.INFO, logger="tiergate.requests")
+    _control(hostile, mode="crlf")
+    resp, lines = _stream(gw, "h-only", stream_options={"include_usage": True})
+    events = _events(lines)
+    assert resp.headers["x-tiergate-tier"] == "hostile" and _text(events) == ANSWER
+    assert events[-1]["choices"] == [] and events[-1]["usage"]["completion_tokens"] == len(ANSWER.split())
+    assert lines[-1] == "data: [DONE]"
+    resp, lines = _stream(gw, "h-only")
+    assert all(e["choices"] for e in _events(lines))      # the usage chunk the gateway asked for stays here
+    line = _logged(caplog, resp.headers["x-request-id"])
+    assert line["completion_tokens"] == len(ANSWER.split())  # ...and was counted
+
+
+def _logged(caplog, request_id: str) -> dict:
+    deadline = time.time() + 5
+    while time.time() < deadline:
+        for record in caplog.records:
+            if record.name == "tiergate.requests" and request_id in record.getMessage():
+                return json.loads(record.getMessage())
+        time.sleep(0.02)
+    raise AssertionError(f"no log line for {request_id}")
+
+
+def _leaks(text: str, upstream: InstantUpstream) -> list[str]:
+    internal = [upstream.base_url, f"127.0.0.1:{upstream.port}", "failing on purpose",
+                "10.9.8.7", "internal detail", "Error:"]
+    return [s for s in internal if s in text]
+
+
+def test_failures_tell_the_client_a_reason_code_and_the_operator_the_detail(setup, hostile, caplog):
+    gw, _ = setup
+    caplog.set_level(logging.WARNING, logger="gateway.pipeline")
+    _control(hostile, fail_status=500)
+    served = _chat(gw, "h-first")
+    assert served.status_code == 200 and served.headers["x-tiergate-fallbacks"] == "hostile: tier_failure"
+    plain = _chat(gw, "h-only")
+    streamed, lines = _stream(gw, "h-only")
+    for resp, body in ((served, served.text), (plain, plain.text), (streamed, " ".join(lines))):
+        text = body + " ".join(f"{k}: {v}" for k, v in resp.headers.items())
+        assert not _leaks(text, hostile), text
+    assert plain.status_code == streamed.status_code == 503
+    assert plain.json()["error"]["code"] == "no_tier_available"
+    logged = " ".join(r.getMessage() for r in caplog.records if r.name == "gateway.pipeline")
+    assert hostile.base_url in logged and "failing on purpose" in logged
+
+
+@pytest.mark.parametrize("mode,code", [("reset", "protocol_error"), ("error_event", "stream_error")])
+def test_a_stream_that_breaks_after_its_first_event_ends_with_a_safe_error_event(setup, hostile, mode, code):
+    gw, _ = setup
+    _control(hostile, mode=mode)
+    before = _breaker(gw)
+    resp, lines = _stream(gw, "h-first")
+    assert resp.status_code == 200 and resp.headers["x-tiergate-tier"] == "hostile"
+    events = _events(lines)
+    assert events[0]["choices"][0]["delta"]["content"] == ANSWER.split()[0]   # relayed before the break
+    error = events[-1]["error"]
+    assert error["type"] == "server_error" and code in error["message"]
+    assert not _leaks(json.dumps(events) + " ".join(lines), hostile), lines
+    assert _breaker(gw).failures == before.failures + 1

@@ -1,0 +1,67 @@
+"""SSEResponse against an ASGI server whose sends stop completing (a client that stopped reading,
+its socket buffers full): the response ends within the write timeout, as if the client had
+left, and the chunk iterator is closed so the tier call behind it ends too."""
+
+from __future__ import annotations
+
+import asyncio
+
+from gateway.sse import SSEResponse
+
+
+class _Chunks:
+    """An endless stream of chunks that notes when it is closed."""
+
+    def __init__(self):
+        self.closed = asyncio.Event()
+        self.sent = 0
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self) -> bytes:
+        self.sent += 1
+        await asyncio.sleep(0)
+        return b"data: {}\n\n"
+
+    async def aclose(self) -> None:
+        self.closed.set()
+
+
+async def _never_disconnects():
+    await asyncio.Event().wait()
+
+
+async def test_a_send_that_never_completes_ends_the_response_within_the_write_timeout():
+    chunks = _Chunks()
+    stuck = asyncio.Event()
+
+    async def send(message):
+        if message["type"] == "http.response.body" and chunks.sent >= 3:
+            stuck.set()
+            await asyncio.Event().wait()        # the client's socket never takes another byte
+
+    response = SSEResponse(chunks, {}, write_timeout_s=0.2)
+    await asyncio.wait_for(response({}, _never_disconnects, send), 30)
+    assert stuck.is_set() and chunks.closed.is_set()
+    assert response.disconnected and response.stalled
+
+
+async def test_a_slow_tier_between_sends_is_not_a_stalled_client():
+    class _Slow(_Chunks):
+        async def __anext__(self) -> bytes:
+            self.sent += 1
+            if self.sent > 3:
+                raise StopAsyncIteration
+            await asyncio.sleep(0.3)           # longer than the write timeout, but no send is waiting
+            return b"data: {}\n\n"
+
+    chunks, sent = _Slow(), []
+
+    async def send(message):
+        sent.append(message)
+
+    response = SSEResponse(chunks, {}, write_timeout_s=0.1)
+    await asyncio.wait_for(response({}, _never_disconnects, send), 30)
+    assert not response.disconnected and not response.stalled
+    assert sent[-1] == {"type": "http.response.body", "body": b"", "more_body": False} and len(sent) == 5
