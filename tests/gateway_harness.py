@@ -8,6 +8,7 @@ gateway over real HTTP. Gateways are shared per pytest session through `shared()
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 import threading
 import time
@@ -165,3 +166,14 @@ def start_embedded_gateway(tmp_dir: Path) -> RunningGateway:
             raise RuntimeError("tiers still loading after 300 s")
         time.sleep(0.2)
     return gw
+
+
+def logged_request(caplog, request_id: str) -> dict:
+    """The request's JSON log line (written just after its response), waiting a little for it."""
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        for record in caplog.records:
+            if record.name == "tiergate.requests" and request_id in record.getMessage():
+                return json.loads(record.getMessage())
+        time.sleep(0.02)
+    raise AssertionError(f"no log line for {request_id}")

@@ -14,7 +14,7 @@ import pytest
 
 from tests.fakes.upstream import ANSWER
 from policies.config import hash_api_key
-from tests.gateway_harness import InstantUpstream, RunningGateway, free_port, shared
+from tests.gateway_harness import InstantUpstream, RunningGateway, free_port, logged_request, shared
 
 APP_KEY = "sk-app-0123456789"
 BATCH_KEY = "sk-batch-9876543210"
@@ -98,17 +98,6 @@ async def test_async_chat_and_completions(gw):
     await client.close()
 
 
-def _logged(caplog, request_id: str) -> dict:
-    """The request's JSON log line (written just after its response), waiting a little for it."""
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        for record in caplog.records:
-            if record.name == "tiergate.requests" and request_id in record.getMessage():
-                return json.loads(record.getMessage())
-        time.sleep(0.02)
-    raise AssertionError(f"no log line for {request_id}")
-
-
 def test_streaming_passthrough_with_and_without_usage(gw, caplog):
     caplog.set_level(logging.INFO, logger="tiergate.requests")
     client = _client(gw)
@@ -119,7 +108,7 @@ def test_streaming_passthrough_with_and_without_usage(gw, caplog):
     raw = client.chat.completions.with_raw_response.create(model="remote", messages=MSG, stream=True)
     plain = list(raw.parse())
     assert all(c.choices for c in plain)   # the usage chunk the gateway asked for is not passed on
-    line = _logged(caplog, raw.headers["x-request-id"])    # ...but it was counted
+    line = logged_request(caplog, raw.headers["x-request-id"])    # ...but it was counted
     assert (line["prompt_tokens"], line["completion_tokens"]) == (2, len(ANSWER.split()))
     assert line["tier"] == "up" and line["stream"] is True
     assert line["fallbacks"][0].startswith("dead: tier_failure (failed: ")   # operators get the detail

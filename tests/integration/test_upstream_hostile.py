@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from tests.fakes.upstream import ANSWER
-from tests.gateway_harness import InstantUpstream, RunningGateway
+from tests.gateway_harness import InstantUpstream, RunningGateway, logged_request
 
 MSG = [{"role": "user", "content": "Say something."}]
 
@@ -121,18 +121,8 @@ def test_a_crlf_event_stream_is_relayed_event_by_event_and_its_usage_counted(set
     assert lines[-1] == "data: [DONE]"
     resp, lines = _stream(gw, "h-only")
     assert all(e["choices"] for e in _events(lines))      # the usage chunk the gateway asked for stays here
-    line = _logged(caplog, resp.headers["x-request-id"])
+    line = logged_request(caplog, resp.headers["x-request-id"])
     assert line["completion_tokens"] == len(ANSWER.split())  # ...and was counted
-
-
-def _logged(caplog, request_id: str) -> dict:
-    deadline = time.time() + 5
-    while time.time() < deadline:
-        for record in caplog.records:
-            if record.name == "tiergate.requests" and request_id in record.getMessage():
-                return json.loads(record.getMessage())
-        time.sleep(0.02)
-    raise AssertionError(f"no log line for {request_id}")
 
 
 def _leaks(text: str, upstream: InstantUpstream) -> list[str]:
