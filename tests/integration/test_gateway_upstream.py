@@ -4,9 +4,7 @@ the fake upstream (tests/fakes/upstream.py) and a closed port."""
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import time
 
 import httpx
 import openai
