@@ -51,8 +51,7 @@ def build_app(holder: RuntimeHolder, reloader: ConfigReloader | None = None,
     telemetry.metrics.set_breaker_reader(lambda: breaker_states(holder))
     pipeline = Pipeline(holder, telemetry)
     admin = AdminAccess(holder, host or (reloader.host if reloader is not None else holder.current.config.server.host))
-    openapi = openapi_document()
-    openapi["paths"]["/metrics"] = METRICS_OPENAPI
+    documents: dict[int, dict] = {}     # per config generation: a reload may change the model names
     background: set[asyncio.Task] = set()
 
     async def healthz(_: Request) -> Response:
@@ -81,7 +80,12 @@ def build_app(holder: RuntimeHolder, reloader: ConfigReloader | None = None,
         return JSONResponse({"object": "list", "data": data})
 
     async def openapi_json(_: Request) -> Response:
-        return JSONResponse(openapi)
+        generation = holder.generation
+        if generation not in documents:
+            documents.clear()
+            documents[generation] = openapi_document(list(holder.current.config.models))
+            documents[generation]["paths"]["/metrics"] = METRICS_OPENAPI
+        return JSONResponse(documents[generation])
 
     async def http_error(_: Request, exc: HTTPException) -> Response:
         return error_response(exc.status_code, exc.detail or "error", code="not_found" if exc.status_code == 404 else None)

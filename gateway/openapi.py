@@ -3,6 +3,8 @@ with, so the document cannot drift from what is accepted."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from pydantic.json_schema import models_json_schema
 
 from gateway.schema import ChatCompletionRequest, CompletionRequest
@@ -74,10 +76,16 @@ def _completion_path(summary: str, request: str, response: str) -> dict:
             **_error_responses()}}}
 
 
-def openapi_document() -> dict:
+def openapi_document(models: Sequence[str] = ()) -> dict:
+    """`models`: the model names this gateway serves; given, `model` is stated as their enum, so a
+    schema-driven client (or fuzzer) sends requests that reach a tier."""
     _, defs = models_json_schema([(ChatCompletionRequest, "validation"), (CompletionRequest, "validation")],
                                  ref_template=_REF)
     schemas = dict(defs.get("$defs", {}))
+    if models:
+        for request in ("ChatCompletionRequest", "CompletionRequest"):
+            schemas[request]["properties"]["model"] = {**schemas[request]["properties"]["model"],
+                                                       "enum": list(models)}
     schemas.update(Error=_ERROR, Usage=_USAGE, ChatCompletion=_CHAT_RESPONSE, Completion=_COMPLETION_RESPONSE,
                    ModelList=_MODELS)
     simple = {"200": {"description": "ok"}}

@@ -204,5 +204,12 @@ def test_health_ready_openapi(gw):
     chat_schema = doc["components"]["schemas"]["ChatCompletionRequest"]
     assert {"messages", "max_completion_tokens", "logprobs", "top_logprobs", "stream_options", "seed", "n",
             "stop", "user"} <= set(chat_schema["properties"])
+    # What the validators enforce is stated, so a schema-driven client reaches the tiers: the
+    # served model names as an enum, and the numeric bounds.
+    served = set(gw.runtime.config.models)
+    for request in ("ChatCompletionRequest", "CompletionRequest"):
+        assert set(doc["components"]["schemas"][request]["properties"]["model"]["enum"]) == served
+    top_k = chat_schema["properties"]["top_k"]["anyOf"][0]
+    assert (top_k["minimum"], top_k["maximum"]) == (-1, 2 ** 31 - 1)
     nf = httpx.get(f"{gw.base}/v2/nothing")
     assert nf.status_code == 404 and "error" in nf.json()
