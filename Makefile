@@ -41,5 +41,9 @@ test-slow: install-test
 bench-decode: install-test
 	$(VENV)/bin/tiergate bench decode --json docs/bench/decode.json
 
+.PHONY: soak
+soak: install-test
+	TIERGATE_STORM_REQUESTS=10000 $(PY) -m pytest -q tests/reliability
+
 clean-cache:
 	rm -rf $${TIERGATE_CACHE_DIR:-$${XDG_CACHE_HOME:-$$HOME/.cache}/tiergate}

@@ -9,12 +9,32 @@ ignore what they do not refuse.
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 
 from gateway.errors import GatewayError
 from gateway.schema_extensions import ChatExtensions, CompletionExtensions, check_extensions, unknown_names
+
+
+def _whole(value):
+    """A JSON number with no fraction (2.0) is the integer 2, as JSON Schema's `integer` (and so
+    /openapi.json) says; strict mode alone would refuse it. Anything else is left to the strict
+    check (1.5, true and "2" stay errors). Lists (of lists) of token ids are converted inside."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, list) and any(isinstance(x, (float, list)) for x in value):
+        return [_whole(x) for x in value]
+    return value
 
 
 class _Body(BaseModel):
@@ -27,6 +47,11 @@ class TextPart(_Body):
 
 
 class ChatMessage(_Body):
+    # /openapi.json states what _content_present enforces: content may be left out or null only
+    # by an assistant.
+    model_config = ConfigDict(extra="allow", strict=True, json_schema_extra={"anyOf": [
+        {"properties": {"role": {"const": "assistant"}}},
+        {"required": ["content"], "properties": {"content": {"type": ["string", "array"]}}}]})
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
@@ -62,6 +87,22 @@ MAX_MESSAGES = 2048
 MAX_PROMPTS = 2048
 MAX_PROMPT_TOKEN_IDS = 1 << 20       # longer than any context
 
+# What the validators below enforce, stated in /openapi.json (the schema only; validation and its
+# messages stay the validators').
+_STOP_TEXT = {"type": "string", "minLength": 1, "maxLength": MAX_STOP_CHARS}
+_STOP_SCHEMA = {"anyOf": [_STOP_TEXT, {"type": "array", "maxItems": 4, "items": _STOP_TEXT}, {"type": "null"}],
+                "default": None}
+_TOKEN_IDS = {"type": "array", "minItems": 1, "maxItems": MAX_PROMPT_TOKEN_IDS,
+              "items": {"type": "integer", "minimum": 0}}
+_PROMPT_SCHEMA = {"anyOf": [{"type": "string", "minLength": 1},
+                            {"type": "array", "minItems": 1, "maxItems": MAX_PROMPTS,
+                             "items": {"type": "string", "minLength": 1}},
+                            _TOKEN_IDS,
+                            {"type": "array", "minItems": 1, "maxItems": MAX_PROMPTS, "items": _TOKEN_IDS}]}
+# stream_options (not null) only with stream: true (_options_need_stream).
+_STREAM_OPTIONS_NEED_STREAM = {"anyOf": [{"properties": {"stream_options": {"type": "null"}}},
+                                         {"required": ["stream"], "properties": {"stream": {"const": True}}}]}
+
 
 class _Sampling(_Body):
     model: str = Field(min_length=1)
@@ -69,7 +110,7 @@ class _Sampling(_Body):
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
     n: int = Field(1, ge=1, le=16)
-    stop: str | list[str] | None = None
+    stop: Annotated[str | list[str] | None, WithJsonSchema(_STOP_SCHEMA)] = None
     seed: int | None = Field(None, ge=SEED_RANGE[0], le=SEED_RANGE[1])
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -83,6 +124,8 @@ class _Sampling(_Body):
     # vLLM's per-request prefix-cache salt: it narrows the tenant's prefix-cache scope (end users
     # behind one key stop sharing cached prompts), never widens it. Upstreams never see it as sent.
     cache_salt: str | None = Field(None, min_length=1, max_length=MAX_CACHE_SALT_CHARS)
+
+    _whole_ints = field_validator("max_tokens", "n", "seed", "top_k", mode="before")(_whole)
 
     @field_validator("stop")
     @classmethod
@@ -114,11 +157,18 @@ class _Sampling(_Body):
 
 
 class ChatCompletionRequest(_Sampling):
+    # top_logprobs other than 0 or null only with logprobs: true (_needs_logprobs).
+    model_config = ConfigDict(extra="allow", strict=True, json_schema_extra={"allOf": [
+        _STREAM_OPTIONS_NEED_STREAM,
+        {"anyOf": [{"properties": {"top_logprobs": {"enum": [0, None]}}},
+                   {"required": ["logprobs"], "properties": {"logprobs": {"const": True}}}]}]})
     known_extensions: ClassVar[type] = ChatExtensions
     messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
     max_completion_tokens: int | None = Field(None, ge=1, le=MAX_OUTPUT_TOKENS)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
+
+    _whole_chat_ints = field_validator("max_completion_tokens", "top_logprobs", mode="before")(_whole)
 
     @field_validator("top_logprobs")
     @classmethod
@@ -137,12 +187,15 @@ class ChatCompletionRequest(_Sampling):
 
 
 class CompletionRequest(_Sampling):
+    model_config = ConfigDict(extra="allow", strict=True, json_schema_extra={"allOf": [_STREAM_OPTIONS_NEED_STREAM]})
     known_extensions: ClassVar[type] = CompletionExtensions
-    prompt: str | list[str] | list[int] | list[list[int]]
+    prompt: Annotated[str | list[str] | list[int] | list[list[int]], WithJsonSchema(_PROMPT_SCHEMA)]
     logprobs: int | None = Field(None, ge=0, le=20)
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = Field(None, ge=1, le=16)
+
+    _whole_completion_ints = field_validator("logprobs", "best_of", "prompt", mode="before")(_whole)
 
     @field_validator("prompt")
     @classmethod
