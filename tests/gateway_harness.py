@@ -49,6 +49,15 @@ class RunningGateway:
         if wait_ready:
             self._wait("/readyz", timeout_s)
 
+    def wait_loaded(self, timeout_s: float = 300) -> None:
+        """Until no tier is still loading (loaded or failed): a config with a tier meant to be down
+        never gets a 200 from /readyz."""
+        deadline = time.time() + timeout_s
+        while any(t.state == "loading" for t in self.runtime.tiers.values()):
+            if time.time() > deadline:
+                raise RuntimeError(f"tiers still loading after {timeout_s:.0f} s")
+            time.sleep(0.1)
+
     def _wait(self, path: str, timeout_s: float) -> None:
         deadline = time.time() + timeout_s
         last = None
@@ -160,11 +169,7 @@ def start_embedded_gateway(tmp_dir: Path) -> RunningGateway:
     path = tmp_dir / "gateway.yaml"
     path.write_text(embedded_config(tiny))
     gw = RunningGateway(path, wait_ready=False)
-    deadline = time.time() + 300
-    while any(t.state == "loading" for t in gw.runtime.tiers.values()):
-        if time.time() > deadline:
-            raise RuntimeError("tiers still loading after 300 s")
-        time.sleep(0.2)
+    gw.wait_loaded()
     return gw
 
 

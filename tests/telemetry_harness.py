@@ -138,11 +138,7 @@ class TracedGateway:
         self.exporter = InMemorySpanExporter() if traced else None
         self.telemetry = build_telemetry(load_config(path).telemetry, environ={}, exporter=self.exporter)
         self.gw = RunningGateway(path, wait_ready=False, telemetry=self.telemetry)
-        deadline = time.time() + 300
-        while any(t.state == "loading" for t in self.gw.runtime.tiers.values()):
-            if time.time() > deadline:
-                raise RuntimeError("tiers still loading after 300 s")
-            time.sleep(0.1)
+        self.gw.wait_loaded()
         self.base = self.gw.base
 
     def spans_of(self, trace_id: int, *, count: int | None = None, timeout_s: float = 10.0) -> list:

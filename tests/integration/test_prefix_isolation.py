@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import random
 import re
-import time
 
 import httpx
 import openai
@@ -57,11 +56,7 @@ class _Gateway:
         path = tmp_dir / "gateway.yaml"
         path.write_text(_config(tiny, upstream.base_url))
         self.gw = RunningGateway(path, wait_ready=False)
-        deadline = time.time() + 300
-        while any(t.state == "loading" for t in self.gw.runtime.tiers.values()):
-            if time.time() > deadline:
-                raise RuntimeError("tiers still loading after 300 s")
-            time.sleep(0.1)
+        self.gw.wait_loaded()
         assert self.gw.runtime.tiers["tiny"].ready
         self.base = self.gw.base
 

@@ -82,10 +82,7 @@ def gw(upstream, tmp_path_factory):
     path = tmp / "gateway.yaml"
     path.write_text(_config(tmp / "tiny", upstream.base_url))
     server = RunningGateway(path, wait_ready=False)
-    deadline = time.monotonic() + 300
-    while any(t.state == "loading" for t in server.runtime.tiers.values()):
-        assert time.monotonic() < deadline, "tiers still loading after 300 s"
-        time.sleep(0.1)
+    server.wait_loaded()
     assert all(t.ready for t in server.runtime.tiers.values())
     yield server
     server.stop()

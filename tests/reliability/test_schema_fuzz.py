@@ -13,7 +13,6 @@ The run is derandomized (the same cases on every machine) and nothing in it depe
 from __future__ import annotations
 
 import json
-import time
 from collections import Counter
 
 import pytest
@@ -58,11 +57,7 @@ class _Gateway:
         path = tmp_dir / "gateway.yaml"
         path.write_text(CONFIG.format(tiny_dir=tiny, digest=hash_api_key(KEY)))
         self.gw = RunningGateway(path, wait_ready=False)
-        deadline = time.time() + 300
-        while any(t.state == "loading" for t in self.gw.runtime.tiers.values()):
-            if time.time() > deadline:
-                raise RuntimeError("tiers still loading after 300 s")
-            time.sleep(0.1)
+        self.gw.wait_loaded()
         assert self.gw.runtime.tiers["tiny"].ready
         self.base = self.gw.base
 
