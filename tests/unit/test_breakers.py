@@ -12,7 +12,6 @@ test says nothing about that call instead of failing on it.
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
 
 import pytest
@@ -21,6 +20,7 @@ from policies.breakers import Breakers, MemoryBreakerStore, Outcome
 from policies.breakers.redis_store import RedisBreakerStore
 from policies.budgets.redis_store import make_redis_client
 from policies.limits_config import BreakerSettings, BreakerTable, StoreConfig
+from tests.clocks import FakeClock, RealClock
 from tests.redis_server import running_redis
 
 
@@ -28,33 +28,6 @@ from tests.redis_server import running_redis
 def redis_url():
     with running_redis() as server:
         yield server.url
-
-
-class FakeClock:
-    """The memory store's clock: time passes only when the test sleeps."""
-
-    def __init__(self):
-        self.us = int(time.time() * 1e6)
-
-    def __call__(self) -> int:
-        return self.us
-
-    async def sleep(self, seconds: float) -> None:
-        self.us += int(seconds * 1e6)
-        await asyncio.sleep(0)
-
-    def now(self) -> float:
-        return self.us / 1e6
-
-
-class RealClock:
-    """Redis' clock is the machine's (the test runs on the same host)."""
-
-    async def sleep(self, seconds: float) -> None:
-        await asyncio.sleep(seconds)
-
-    def now(self) -> float:
-        return time.time()
 
 
 class Since:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import time
 import uuid
 
 import pytest
@@ -19,6 +18,7 @@ import pytest
 from policies.budgets import Budgets, FinishStatus, MemoryBudgetStore, Scopes
 from policies.budgets.rules import NANO_PER_USD
 from policies.limits_config import LimitsConfig
+from tests.clocks import FakeClock, RealClock
 from tests.redis_server import running_redis
 
 ACME = Scopes(api_key="ci", tenant="acme", tier="small", session=None)
@@ -28,33 +28,6 @@ ACME = Scopes(api_key="ci", tenant="acme", tier="small", session=None)
 def redis_url():
     with running_redis() as server:
         yield server.url
-
-
-class FakeClock:
-    """The memory store's clock (µs): time passes only when the test sleeps."""
-
-    def __init__(self):
-        self.us = int(time.time() * 1e6)
-
-    def __call__(self) -> int:
-        return self.us
-
-    async def sleep(self, seconds: float) -> None:
-        self.us += int(seconds * 1e6)
-        await asyncio.sleep(0)
-
-    def now(self) -> float:
-        return self.us / 1e6
-
-
-class RealClock:
-    """Redis' clock is the machine's (the server runs on this host)."""
-
-    async def sleep(self, seconds: float) -> None:
-        await asyncio.sleep(seconds)
-
-    def now(self) -> float:
-        return time.time()
 
 
 @pytest.fixture(params=["memory", "redis"])
