@@ -14,7 +14,7 @@ class RequestOutput:
     request_id: str
     token_ids: list[int]            # tokens new in this delta
     text: str                       # text new in this delta
-    logprobs: list[TokenLogprob] | None
+    logprobs: list[TokenLogprob] | None   # with .entropy set when the request asked for entropy
     finished: bool
     finish_reason: str | None       # "stop" | "length" | "abort"
     prompt_tokens: int

@@ -1,6 +1,11 @@
 """Batched sampling: penalties, temperature, top-k, top-p, min-p, seeds and logprobs as
 tensor operations over all rows at once.
 
+Logprobs (and, for requests that ask, the entropy of the distribution each token came from) are
+taken from the model's own distribution: the raw logits, before penalties, temperature and
+filters, so that they say how sure the model was whatever the request's sampling settings (a
+greedy request's sampling distribution is a point mass, whose entropy says nothing).
+
 The pieces (`penalize`, `probs`, `draw`, `logprobs`) are also used by speculative decoding,
 whose exact acceptance rule works on the same processed distributions (engines/spec/).
 """
@@ -20,6 +25,7 @@ class TokenLogprob:
     token_id: int
     logprob: float
     top: list[tuple[int, float]]   # (token id, logprob), best first
+    entropy: float | None = None   # nats, of the model's distribution at this position (if asked)
 
 
 @dataclass
@@ -149,8 +155,24 @@ class Sampler:
         top_vals, top_ids = (top_vals.tolist(), top_ids.tolist()) if k else (None, None)
         chosen_ids = torch.tensor([tokens[i] for i in want], device=lp.device)
         chosen = lp.gather(1, chosen_ids.unsqueeze(1)).squeeze(1).tolist()
+        entropies = _entropies(lp, [params[i].entropy for i in want])
         for j, i in enumerate(want):
             n = params[i].top_logprobs
             top = list(zip(top_ids[j][:n], top_vals[j][:n])) if n else []
-            out[i] = TokenLogprob(tokens[i], chosen[j], top)
+            out[i] = TokenLogprob(tokens[i], chosen[j], top, entropies[j])
         return out
+
+
+def _entropies(lp: torch.Tensor, asked: list[bool]) -> list[float | None]:
+    """-sum(p log p) of the rows of `lp` (log-probabilities) whose request asked for it. A token
+    the model rules out (logprob -inf) adds nothing (0 * -inf is taken as 0)."""
+    out: list[float | None] = [None] * len(asked)
+    rows = [j for j, a in enumerate(asked) if a]
+    if not rows:
+        return out
+    sub = lp if len(rows) == len(asked) else lp[rows]
+    plogp = torch.nan_to_num(sub.exp() * sub, nan=0.0)      # 0 * -inf is nan: taken as 0
+    values = (-plogp.sum(dim=-1)).tolist()
+    for j, value in zip(rows, values):
+        out[j] = value
+    return out

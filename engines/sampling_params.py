@@ -31,6 +31,9 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     logprobs: bool = False
     top_logprobs: int = 0
+    # The entropy of the model's distribution at each generated token (TokenLogprob.entropy):
+    # a confidence signal for the gateway's cascade, computed only for the requests that ask.
+    entropy: bool = False
     include_stop_str_in_output: bool = False
 
     def validate(self) -> "SamplingParams":
@@ -53,6 +56,8 @@ class SamplingParams:
                 raise InvalidRequestError(f"{param} {reason}", param)
         if self.top_logprobs and not self.logprobs:
             raise InvalidRequestError("top_logprobs requires logprobs to be true", "top_logprobs")
+        if self.entropy and not self.logprobs:
+            raise InvalidRequestError("entropy requires logprobs to be true", "entropy")
         return self
 
     @property

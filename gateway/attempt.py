@@ -16,14 +16,17 @@ output so far), read from the request's usage as it grew. When the tier reported
   call cut short by the client leaving or the deadline, are charged what was reserved (it may
   have generated all of it); a stream cut short before its first event the prompt reserved;
 - otherwise (refused, failed before any work): nothing, the reservation is released.
-Work started is thus never free.
+Work started is thus never free. That holds for a cascade's first tier too: a call its gate
+ended (Escalate) is charged what its tier reported of it, though the client sees only the
+answer of the tier it was handed to.
 
 An attempt whose reservation bounds the output only if the tier is told so (`output_cap`: no
 max_tokens from the client, no known context) sends the call with that max_tokens, and gives
 the request its own body back when it ends.
 
-The chain walk and escalation call tiers the same way: RequestLimits.open_attempt(tier), then
-complete() for a whole answer or first_chunk() for a stream (whose relay calls end()).
+Every tier call goes the same way: RequestLimits.open_attempt(tier), then complete() for a
+whole answer, or first_chunk() (and next_chunk() while a cascade holds a stream's start back)
+for a stream, whose relay calls end().
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable
 from typing import TYPE_CHECKING, TypeVar
 
+from gateway.cascade_gate import Escalate
 from gateway.context import Usage
 from gateway.errors import GatewayError
 from gateway.skips import SkipReason
@@ -52,7 +56,7 @@ _REPORTS_UNFINISHED = frozenset({"embedded"})
 
 class Attempt:
     __slots__ = ("_body", "_ended", "_first_chunk", "_streaming", "_unreported", "_usage_at_start", "estimate",
-                 "permit", "request", "reservation", "seconds", "span", "started", "tier")
+                 "permit", "request", "reservation", "seconds", "span", "started", "tier", "tier_first_token_at")
 
     def __init__(self, request: RequestLimits, tier: Tier, permit: Permit, reservation: Reservation | None,
                  estimate: tuple[int, int], span: TierSpan, *, output_cap: int | None = None):
@@ -64,6 +68,9 @@ class Attempt:
         self.span = span
         self.started = time.perf_counter()
         self.seconds = 0.0                # spent waiting on the tier
+        # When the tier produced its first token, where the client saw it later (a cascade held
+        # the stream's start back): the breaker judges the tier's own time. None: ctx.first_token_at.
+        self.tier_first_token_at: float | None = None
         self._ended = False
         usage = request.ctx.usage
         self._usage_at_start = (usage.prompt_tokens, usage.completion_tokens)
@@ -105,6 +112,17 @@ class Attempt:
             empty = EmptyStream("empty stream")
             await self._failed(empty)
             raise empty from None
+        except BaseException as exc:
+            await self._failed(exc)
+            raise
+
+    async def next_chunk(self, chunks: AsyncIterator[bytes]) -> bytes | None:
+        """A later chunk of a stream whose start is still held back (None: the stream ended).
+        Nothing has reached the client yet, so a failure may still fall back, as in first_chunk."""
+        try:
+            return await self._wait(anext(chunks))
+        except StopAsyncIteration:
+            return None
         except BaseException as exc:
             await self._failed(exc)
             raise
@@ -190,7 +208,7 @@ class Attempt:
         ctx = self.request.ctx
         # Time to first token is seen on streams only (a whole answer's time is not a TTFT).
         ttft = None
-        first = ctx.first_token_at
+        first = self.tier_first_token_at or ctx.first_token_at
         if outcome is Outcome.SUCCESS and ctx.stream and first is not None and first >= self.started:
             ttft = first - self.started
         name = self.permit.name
@@ -207,8 +225,10 @@ class Attempt:
             await budgets.reconcile(self.reservation, *tokens)
 
 
-def _outcome_of(exc: BaseException) -> tuple[Outcome, str]:
+def _outcome_of(exc: BaseException) -> tuple[Outcome, str | None]:
     """The breaker outcome and the span's error.type of a call that raised `exc`."""
+    if isinstance(exc, Escalate):          # the tier worked; the cascade chose another answer
+        return Outcome.SUCCESS, None
     if isinstance(exc, EmptyStream):
         return Outcome.FAILURE, SkipReason.EMPTY_STREAM.value
     if isinstance(exc, TierFailure):

@@ -1,5 +1,7 @@
 """Walking a route's chain of tiers: which tier a request calls next, and why the others were
-passed over (not ready, busy, breaker open, tier at its budget limits, failed, too small)."""
+passed over (lacks a capability the request needs, not ready, busy, breaker open, tier at its
+budget limits, failed, too small). A cascade's gate is armed for each call it may judge, and a
+stream's start is held back until the gate has decided."""
 
 from __future__ import annotations
 
@@ -7,13 +9,18 @@ import logging
 from collections.abc import AsyncIterator
 
 from gateway.attempt import Attempt
+from gateway.errors import GatewayError
 from gateway.request_limits import RequestLimits
 from gateway.runtime import Runtime
 from gateway.skips import Skip, SkipReason
 from gateway.tiers.base import EmptyStream, Tier, TierAnswer, TierCall, TierFailure, TierUnfit
 from gateway.tiers.upstream_errors import TENANT_SHARE, TierOverloaded
+from policies.needs import required_capabilities
 
 events = logging.getLogger("gateway.pipeline")    # the pipeline's log of tier failures
+
+# The request field that makes a capability needed, named in the 400 when no tier has it.
+CAPABILITY_PARAMS = {"tools": "tools", "json_schema": "response_format"}
 
 
 class ChainWalk:
@@ -32,27 +39,47 @@ class ChainWalk:
         self.overloaded: TierOverloaded | None = None
         self.failure: TierFailure | None = None  # the last tier that failed
         self.busy: list[Tier] = []             # passed over at their max_in_flight, in chain order
+        self.required = required_capabilities(self.ctx.needs)
+        self.capable = False                   # some tier of the chain has every capability needed
 
     async def complete(self, call: TierCall) -> tuple[Attempt, TierAnswer]:
-        """The first whole answer of the chain (its attempt has ended)."""
+        """The first whole answer of the chain (its attempt has ended). Escalate (from a
+        cascade's gate) goes to the caller."""
         while True:
             attempt = await self.next_attempt()
+            self._arm(call, attempt.tier, stream=False)
             try:
                 return attempt, await attempt.complete(call)
             except (TierUnfit, TierFailure) as exc:
                 self._failed(attempt, exc)
 
-    async def stream(self, call: TierCall) -> tuple[Attempt, AsyncIterator[bytes], bytes]:
+    async def stream(self, call: TierCall) -> tuple[Attempt, AsyncIterator[bytes], list[bytes]]:
         """The first stream of the chain that produced a chunk: its attempt (still open, for the
-        relay to end), the rest of its chunks and that first chunk."""
+        relay to end), the rest of its chunks and the chunks read so far: the first, or, while a
+        cascade's gate judges the tier, every chunk up to its decision (none was sent, so a
+        failure meanwhile still falls back). Escalate goes to the caller."""
         while True:
             attempt = await self.next_attempt()
+            gate = self._arm(call, attempt.tier, stream=True)
             chunks = attempt.tier.stream(call)
             try:
-                return attempt, chunks, await attempt.first_chunk(chunks)
+                held = [await attempt.first_chunk(chunks)]
+                while gate is not None and gate.deciding:
+                    chunk = await attempt.next_chunk(chunks)
+                    if chunk is None:
+                        break
+                    held.append(chunk)
+                return attempt, chunks, held
             except (TierUnfit, TierFailure) as exc:
                 await chunks.aclose()
                 self._failed(attempt, exc)
+
+    @staticmethod
+    def _arm(call: TierCall, tier: Tier, stream: bool):
+        """The request's cascade gate if it judges this call to `tier`, else None."""
+        gate = call.gate
+        call.scoring = gate if gate is not None and gate.arm(tier.name, tier.token_signals(stream)) else None
+        return call.scoring
 
     async def next_attempt(self) -> Attempt:
         """Raises the request's error when no tier is left."""
@@ -68,6 +95,12 @@ class ChainWalk:
         while self.index < len(self.chain):
             name = self.chain[self.index]
             self.index += 1
+            if self.required:
+                missing = self.required - rt.tiers[name].capabilities
+                if missing:
+                    fallbacks.append(Skip(name, SkipReason.CAPABILITY, ", ".join(sorted(missing))))
+                    continue
+                self.capable = True
             why = rt.unusable_reason(name)
             if why is not None:
                 fallbacks.append(Skip(name, SkipReason.NOT_READY, why))
@@ -80,11 +113,21 @@ class ChainWalk:
             return tier
         if self.busy:                           # every tier left is busy: wait in the first one's queue
             return self.busy.pop(0)
+        if self.required and not self.capable:
+            raise self._incapable()
         error = self.request.nothing_left(self.chain, self.overloaded or self.unfit)
         own = self.failure.error if self.failure is not None else None
         if own is not None and error.code == "no_tier_available":
             error = own                         # the failed tier's own answer says more (e.g. a 500)
         raise error
+
+    def _incapable(self) -> GatewayError:
+        """No tier of the chain can honour what the request needs: the client's 400, naming the
+        field that needs it."""
+        lacking = [c for c in CAPABILITY_PARAMS if c in self.required]
+        param = CAPABILITY_PARAMS[lacking[0]]
+        return GatewayError(400, f"no tier serving model '{self.ctx.model}' supports {' and '.join(lacking)}",
+                            param=param, code="unsupported_capability")
 
     def _failed(self, attempt: Attempt, exc: TierUnfit | TierFailure) -> None:
         """An attempt gave no answer (it has ended itself): note why, then move on."""

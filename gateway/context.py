@@ -7,9 +7,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from gateway.skips import Skip
 from policies.budgets import Admission
+
+if TYPE_CHECKING:
+    from gateway.cascade_gate import CascadeVerdict
 
 
 @dataclass(slots=True)
@@ -47,12 +51,16 @@ class RequestContext:
     profile: str | None = None
     profile_source: str | None = None     # "hint" | "rule" | "default"
     reasons: list[str] = field(default_factory=list)
+    needs: frozenset[str] = frozenset()   # what the request needs of a tier (policies/needs.py)
     route_reason: str | None = None
     chain: tuple[str, ...] = ()
     tier: str | None = None               # the tier that answered (or is answering)
     fallbacks: list[Skip] = field(default_factory=list)  # tiers passed over, in order, and why
-    escalated_from: str | None = None
-    usage: Usage = field(default_factory=Usage)          # summed over every tier call, escalation included
+    cascade: CascadeVerdict | None = None    # the cascade's decision, when one judged the request
+    escalated_from: str | None = None     # the cascade handed the request from this tier to ctx.tier
+    # Summed over every tier call: the cascade's first tier included (its tokens were work done,
+    # charged to budgets); the client's usage is the answering tier's own.
+    usage: Usage = field(default_factory=Usage)
     tier_seconds: float = 0.0             # time spent waiting on tiers (excluded from the overhead)
     first_token_at: float | None = None
     headers_at: float | None = None
@@ -99,6 +107,7 @@ class RequestContext:
             "model": self.model, "stream": self.stream, "profile": self.profile, "profile_source": self.profile_source,
             "reasons": self.reasons, "route": self.route_reason, "chain": list(self.chain), "tier": self.tier,
             "fallbacks": [skip.for_log() for skip in self.fallbacks], "escalated_from": self.escalated_from,
+            "needs": sorted(self.needs),
             "status": self.status, "error": self.error, "prompt_tokens": self.usage.prompt_tokens,
             "completion_tokens": self.usage.completion_tokens, "cached_tokens": self.usage.cached_tokens,
             "ttft_ms": None if self.ttft_ms is None else round(self.ttft_ms, 2),

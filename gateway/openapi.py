@@ -46,15 +46,18 @@ _ROUTING_HEADERS = {
     "x-tiergate-tier": "tier that answered",
     "x-tiergate-profile": "latency, throughput or memory",
     "x-tiergate-overhead-ms": "gateway time excluding the tier's",
-    "x-tiergate-reasons": "why the request got its profile (and escalation notes)",
+    "x-tiergate-reasons": "why the request got its profile, what it needs, and the cascade's decision",
     "x-tiergate-fallbacks": "tiers skipped before the one that answered, with the reason",
+    "x-tiergate-escalated-from": "the cascade's first tier, when its start looked unsure and the request was "
+                                 "answered by x-tiergate-tier instead",
 }
 
 
 def _error_responses() -> dict:
     ref = {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
     return {str(code): {"description": text, **ref} for code, text in [
-        (400, "bad input: malformed JSON, wrong type, out-of-range value, context_length_exceeded"),
+        (400, "bad input: malformed JSON, wrong type, out-of-range value, context_length_exceeded, "
+              "unsupported_capability (no tier of the model supports e.g. tools)"),
         (401, "missing or invalid API key (when auth is on)"), (404, "unknown model"),
         (413, "request body too large"), (503, "no tier could serve the request")]}
 

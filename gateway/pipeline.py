@@ -1,8 +1,9 @@
 """The request path of /v1/chat/completions and /v1/completions, in one place:
 
     auth (from the headers) -> read body -> parse -> cap choices -> classify -> route -> walk the
-    chain, one Attempt per tier call (breaker permit + budget reservation + tier span)
-    -> optional escalation -> response
+    chain, one Attempt per tier call (breaker permit + budget reservation + tier span), a
+    cascade's gate judging the first tier's first tokens before any is sent (escalated: walk
+    the target tier instead) -> response
     -> the request's end (Pipeline._end): limits, spans, metrics, log line
 
 Every step writes into the request's RequestContext.
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 
 from gateway.attempt import CANCELLED, Attempt
 from gateway.cache_salt import PrefixScopes
+from gateway.cascade_gate import CascadeGate, Escalate
 from gateway.chain_walk import ChainWalk
 from gateway.context import RequestContext
 from gateway.errors import GatewayError
@@ -26,15 +28,16 @@ from gateway.request_body import CLOSE, OFF_LOOP_BYTES, check_choices, parse_req
 from gateway.request_limits import RequestLimits, api_key_label
 from gateway.runtime import Runtime, RuntimeHolder
 from gateway.schema import ChatCompletionRequest, CompletionRequest, RequestBody
-from gateway.skips import Skip, SkipReason
+from gateway.skips import SkipReason
 from gateway.sse import SSEResponse, sse_error_event
 from gateway.telemetry.request import RequestTelemetry, start_request
 from gateway.telemetry.setup import Telemetry, build_telemetry
-from gateway.tiers.base import TierAnswer, TierCall, TierFailure, TierUnfit
+from gateway.tiers.base import TierAnswer, TierCall, TierFailure
 from policies.breakers import Outcome
 from policies.classify import RequestFeatures
-from policies.policy_config import PROFILES, EscalationConfig
-from policies.route import RouteDecision, should_escalate
+from policies.policy_config import PROFILES
+from policies.request_signals import code_signal, prompt_window
+from policies.route import RouteDecision
 
 log = logging.getLogger("tiergate.requests")    # one JSON line per request
 
@@ -107,14 +110,17 @@ class Pipeline:
             body = await parse_request(_BODY_MODELS[ctx.endpoint], raw)
             check_choices(body, rt.config.server.max_choices_per_request)
             call = await self._prepare(rt, ctx, body, head.hint, len(raw) > OFF_LOOP_BYTES)
-            decision = rt.router.route(ctx.tenant, ctx.tenant_class, ctx.model, ctx.profile)
+            decision = rt.router.route(ctx.tenant, ctx.tenant_class, ctx.model, ctx.profile, ctx.needs)
             ctx.chain, ctx.route_reason = decision.chain, decision.reason
+            if decision.cascade is not None:
+                call.gate = _cascade_gate(rt, ctx, body, decision)
             request.trace.routed(ctx, rt.tenant(ctx.tenant).record_content)
             request.limits = limits = self._limits(rt, ctx, call, request.trace, head)
             if body.stream:
                 return await self._stream(rt, limits, call, decision)
             work = self._complete(rt, limits, call, decision)
-            if any(rt.tiers[t].kind == "embedded" for t in decision.chain):
+            tiers = decision.chain if decision.cascade is None else (*decision.chain, decision.cascade.to)
+            if any(rt.tiers[t].kind == "embedded" for t in tiers):
                 work = _unless_client_leaves(work, receive)   # a long generation is freed at once
             answer = await work
             return BytesResponse(200, answer.body, _headers(ctx))
@@ -147,10 +153,14 @@ class Pipeline:
             ctx.prompt_tokens_estimate = await asyncio.to_thread(self._count_prompt, rt, call)
         elif rt.classifier.needs_prompt_tokens or rt.estimates[body.model]:
             ctx.prompt_tokens_estimate = self._count_prompt(rt, call)
+        chat = isinstance(body, ChatCompletionRequest)
+        code = code_signal(_prompt_text(body)) if rt.wants_code_signal else None
         features = RequestFeatures(ctx.endpoint, body.model, ctx.tenant, ctx.tenant_class, body.stream, body.n,
-                                   body.output_limit, ctx.prompt_tokens_estimate)
+                                   body.output_limit, ctx.prompt_tokens_estimate, code,
+                                   tools=chat and bool(body.tools), json_schema=_wants_json(body))
         verdict = rt.classifier.classify(features, hint, tenant.allow_profile_hint)
         ctx.profile, ctx.profile_source, ctx.reasons = verdict.profile, verdict.source, verdict.reasons
+        ctx.needs = verdict.needs
         return call
 
     def _limits(self, rt: Runtime, ctx: RequestContext, call: TierCall, trace: RequestTelemetry,
@@ -179,48 +189,26 @@ class Pipeline:
     # ---- tier calls ----------------------------------------------------------------------
     async def _complete(self, rt: Runtime, limits: RequestLimits, call: TierCall,
                         decision: RouteDecision) -> TierAnswer:
-        esc = decision.escalate
-        call.want_logprobs = esc is not None
-        first, answer = await ChainWalk(rt, limits, decision.chain).complete(call)
-        if should_escalate(esc, first.tier.name, answer.mean_logprob):
-            return await self._escalate(rt, limits, call, first, answer, esc)
-        return answer
-
-    @staticmethod
-    async def _escalate(rt: Runtime, limits: RequestLimits, call: TierCall, first: Attempt, answer: TierAnswer,
-                        esc: EscalationConfig) -> TierAnswer:
-        """A second answer on the larger tier, through the same kind of attempt as the walk's;
-        the first answer stays when the larger tier cannot take the call or fails."""
-        ctx = limits.ctx
-        note = f"mean logprob {answer.mean_logprob:.3f} < {esc.below_mean_logprob}"
-        why = rt.unusable_reason(esc.to)
-        opened: Attempt | Skip | None = None
-        if why is None:
-            try:
-                opened = await limits.open_attempt(rt.tiers[esc.to])
-            except GatewayError as exc:
-                why = exc.message
-            else:
-                if isinstance(opened, Skip):
-                    why = str(opened)
-        if not isinstance(opened, Attempt):
-            ctx.reasons.append(f"not escalated to {esc.to} ({note}): {why}")
-            return answer
-        call.want_logprobs = False
         try:
-            better = await opened.complete(call)
-        except (TierFailure, TierUnfit, GatewayError) as exc:
-            ctx.reasons.append(f"escalation to {esc.to} failed ({exc}); kept {first.tier.name}")
-            return answer
-        ctx.escalated_from, ctx.tier = first.tier.name, esc.to
-        ctx.reasons.append(f"escalated {first.tier.name} -> {esc.to}: {note}")
-        return better
+            _, answer = await ChainWalk(rt, limits, decision.chain).complete(call)
+        except Escalate as escalated:
+            _, answer = await ChainWalk(rt, limits, _escalated_chain(escalated)).complete(call)
+            _note_escalation(limits.ctx, escalated)
+        return answer
 
     async def _stream(self, rt: Runtime, limits: RequestLimits, call: TierCall,
                       decision: RouteDecision) -> SSEResponse:
-        attempt, chunks, first = await ChainWalk(rt, limits, decision.chain).stream(call)
-        return SSEResponse(_relay(limits.ctx, attempt, first, chunks), _headers(limits.ctx),
-                           attempt.tier.client_write_timeout_s)
+        ctx = limits.ctx
+        try:
+            attempt, chunks, held = await ChainWalk(rt, limits, decision.chain).stream(call)
+        except Escalate as escalated:
+            ctx.first_token_at = None      # the client's first token is the target tier's
+            attempt, chunks, held = await ChainWalk(rt, limits, _escalated_chain(escalated)).stream(call)
+            _note_escalation(ctx, escalated)
+        else:
+            if len(held) > 1:              # held back while the gate judged: the client sees them now
+                attempt.tier_first_token_at, ctx.first_token_at = ctx.first_token_at, time.perf_counter()
+        return SSEResponse(_relay(ctx, attempt, held, chunks), _headers(ctx), attempt.tier.client_write_timeout_s)
 
     # ---- end of request -------------------------------------------------------------------
     async def _end(self, rt: Runtime, request: _Request, disconnected: bool) -> None:
@@ -240,11 +228,52 @@ class Pipeline:
                 log.info("%s", json.dumps(ctx.log_fields(), separators=(",", ":")))
 
 
-async def _relay(ctx: RequestContext, attempt: Attempt, first: bytes, chunks):
-    """The stream to the client after its first chunk; ends the attempt when it closes."""
-    relayed, outcome, error_type = 1, Outcome.SUCCESS, None
+def _cascade_gate(rt: Runtime, ctx: RequestContext, body, decision: RouteDecision) -> CascadeGate | None:
+    """The request's cascade gate; None (with the reason why) where it cannot judge the request:
+    the first tokens of several choices are not one answer's start."""
+    choices = body.n * (1 if isinstance(body, ChatCompletionRequest) else len(body.prompts()))
+    if choices > 1:
+        ctx.reasons.append(f"cascade off: {choices} choices")
+        return None
+    return CascadeGate(decision.cascade, ctx, rt.unusable_reason)
+
+
+def _escalated_chain(escalated: Escalate) -> tuple[str, ...]:
+    """The target tier, as if the request had been routed there; the first tier after it (answering
+    without a gate) in case the target cannot take the call after all."""
+    verdict = escalated.verdict
+    return (verdict.to, verdict.from_tier)
+
+
+def _note_escalation(ctx: RequestContext, escalated: Escalate) -> None:
+    verdict = escalated.verdict
+    if ctx.tier == verdict.to:
+        ctx.escalated_from = verdict.from_tier
+    else:
+        ctx.reasons.append(f"cascade target {verdict.to} could not answer: answered by {ctx.tier}")
+
+
+def _prompt_text(body) -> str:
+    """What the code detector reads: the messages' (or prompts') text, its first and last
+    kilobytes only (policies/request_signals.py)."""
+    if isinstance(body, ChatCompletionRequest):
+        return prompt_window([m.text() for m in body.messages])
+    return prompt_window([p for p in body.prompts() if isinstance(p, str)])
+
+
+def _wants_json(body) -> bool:
+    """Structured output asked for (response_format json_object / json_schema): a capability."""
+    fmt = (body.model_extra or {}).get("response_format")
+    return isinstance(fmt, dict) and fmt.get("type") in ("json_object", "json_schema")
+
+
+async def _relay(ctx: RequestContext, attempt: Attempt, held: list[bytes], chunks):
+    """The stream to the client: the chunks read before it started (the first, or all that a
+    cascade held back), then the rest; ends the attempt when it closes."""
+    relayed, outcome, error_type = len(held), Outcome.SUCCESS, None
     try:
-        yield first
+        for chunk in held:
+            yield chunk
         async for chunk in chunks:
             relayed += 1
             yield chunk

@@ -10,7 +10,8 @@ then reserves again for the next tier, so every token is charged once, to the ti
 served it, at that tier's price. The cost: a request that falls back counts twice against an
 rpm limit (bounded by the retry budget). A refusal by the tier's own scope (the tier is at its
 limits) moves on to the next tier like an open breaker; a refusal by any other scope is the
-client's 429. An escalation is a second answer: the first is reconciled, the second reserved.
+client's 429. A cascade that escalates makes a second call: the first tier's attempt is
+reconciled with what it generated, the target's reserved anew.
 
 The reservation is an upper bound of what the tier can count, never a guess (reconciling
 cannot take tokens back, so an estimate below the count lets concurrent requests overshoot a

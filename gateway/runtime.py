@@ -31,7 +31,9 @@ def same_tier_config(a, b) -> bool:
     """Whether a tier can be kept across a reload (its served name may change freely)."""
     if type(a) is not type(b):
         return False
-    return a.model_dump(exclude={"served_name"}) == b.model_dump(exclude={"served_name"})
+    # Neither the served name nor the capabilities (what routing may send it) touch the engine.
+    keep = {"served_name", "capabilities"}
+    return a.model_dump(exclude=keep) == b.model_dump(exclude=keep)
 
 
 @dataclass
@@ -46,6 +48,8 @@ class Runtime:
     # Whether some upstream tier of an alias checks context length itself (needs an estimate).
     estimates: dict[str, bool] = field(init=False)
     max_body_bytes: int = field(init=False)
+    # Whether some rule reads the code detector's verdict (it runs only then).
+    wants_code_signal: bool = field(init=False)
     # Budgets, breakers and retry budget: set by the holder when the app starts and
     # carried over (or reconfigured) on each reload; see gateway/limits.py.
     limits: GatewayLimits | None = field(default=None, init=False)
@@ -55,14 +59,18 @@ class Runtime:
         self.classifier = Classifier(cfg.classification)
         self.router = Router(cfg.models, cfg.routing.rules)
         self.keys = KeyTable(cfg.auth)
+        self.wants_code_signal = self.classifier.needs_code_signal or self.router.needs_code_signal
         self.max_body_bytes = int(cfg.server.max_body_bytes)
         self.counters, self.estimates = {}, {}
         for alias, model in cfg.models.items():
             reachable = list(model.chain)
-            for rule in cfg.routing.rules:
+            cascades = [model.cascade]
+            for rule in [] if model.pinned else cfg.routing.rules:
                 if rule.match.model is None or alias in (rule.match.model if isinstance(rule.match.model, list)
                                                          else [rule.match.model]):
                     reachable += [t for t in rule.chain if t not in reachable]
+                    cascades.append(rule.cascade)
+            reachable += [c.to for c in cascades if c is not None and c.to not in reachable]
             self.counters[alias] = [t for t in reachable if isinstance(self.tiers[t], EmbeddedTier)]
             self.estimates[alias] = any(isinstance(self.tiers[t], UpstreamTier) and self.tiers[t].context_length
                                         for t in reachable)

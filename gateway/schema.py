@@ -24,6 +24,7 @@ from pydantic import (
 
 from gateway.errors import GatewayError
 from gateway.schema_extensions import ChatExtensions, CompletionExtensions, check_extensions, unknown_names
+from gateway.schema_tools import MAX_TOOLS, Tool, ToolChoice, check_tool_choice, check_tools
 
 
 def _whole(value):
@@ -157,18 +158,39 @@ class _Sampling(_Body):
 
 
 class ChatCompletionRequest(_Sampling):
-    # top_logprobs other than 0 or null only with logprobs: true (_needs_logprobs).
+    # top_logprobs other than 0 or null only with logprobs: true (_needs_logprobs); tool_choice
+    # other than "none" or null only with tools (_choice_defined).
     model_config = ConfigDict(extra="allow", strict=True, json_schema_extra={"allOf": [
         _STREAM_OPTIONS_NEED_STREAM,
         {"anyOf": [{"properties": {"top_logprobs": {"enum": [0, None]}}},
-                   {"required": ["logprobs"], "properties": {"logprobs": {"const": True}}}]}]})
+                   {"required": ["logprobs"], "properties": {"logprobs": {"const": True}}}]},
+        {"anyOf": [{"properties": {"tool_choice": {"enum": ["none", None]}}},
+                   {"required": ["tools"], "properties": {"tools": {"type": "array", "minItems": 1}}}]}]})
     known_extensions: ClassVar[type] = ChatExtensions
     messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
     max_completion_tokens: int | None = Field(None, ge=1, le=MAX_OUTPUT_TOKENS)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
+    # Tool calling (gateway/schema_tools.py): validated and routed on, forwarded as sent.
+    tools: list[Tool] | None = Field(None, max_length=MAX_TOOLS)
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
 
     _whole_chat_ints = field_validator("max_completion_tokens", "top_logprobs", mode="before")(_whole)
+
+    @field_validator("tools")
+    @classmethod
+    def _tools_bounded(cls, value):
+        if value:
+            check_tools(value)
+        return value
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _choice_defined(cls, value, info: ValidationInfo):
+        if value is not None:
+            check_tool_choice(value, info.data.get("tools"))
+        return value
 
     @field_validator("top_logprobs")
     @classmethod

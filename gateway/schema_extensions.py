@@ -69,9 +69,6 @@ class _Extensions(BaseModel):
 
 class ChatExtensions(_Extensions):
     # ---- OpenAI
-    tools: Annotated[list[_Object], Field(max_length=1024)] | None = None
-    tool_choice: _Name | _Object | None = None
-    parallel_tool_calls: bool | None = None
     functions: Annotated[list[_Object], Field(max_length=1024)] | None = None
     function_call: _Name | _Object | None = None
     modalities: Annotated[list[_Name], Field(max_length=8)] | None = None

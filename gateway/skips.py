@@ -1,7 +1,7 @@
 """Why a tier of the chain was passed over: one small typed record per skip or failed attempt.
 
 What leaves the gateway is `str(skip)`: the tier's name and the reason code (the
-x-tiergate-fallbacks header, escalation notes). `detail` is written for operators (the log
+x-tiergate-fallbacks header). `detail` is written for operators (the log
 line, warnings) and may name an upstream's address or quote what it answered, so it never goes
 into a response. Spans and metrics read `reason` (a fixed, low-cardinality set).
 """
@@ -22,6 +22,7 @@ class SkipReason(StrEnum):
     EMPTY_STREAM = "empty_stream"    # called: its stream ended before the first chunk
     POOL_EXHAUSTED = "pool_exhausted"  # the gateway's connections to it are all in use
     TENANT_SHARE = "tenant_share"    # the tenant holds its whole share of those connections
+    CAPABILITY = "capability"        # the request needs what the tier lacks (detail: e.g. "tools")
 
 
 @dataclass(frozen=True, slots=True)

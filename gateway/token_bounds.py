@@ -54,7 +54,7 @@ CHAT_OVERHEAD = 64         # per chat request: BOS, generation prompt, a default
 TOOLS_OVERHEAD = 512       # per chat request with tools: the template's tool instructions
 PROMPT_OVERHEAD = 4        # per completions prompt: BOS/EOS the server may add
 DEFAULT_OUTPUT_BOUND = 4096  # per choice, when neither the client nor the tier bounds the output
-_TOOL_FIELDS = ("tools", "functions")
+_TOOL_FIELDS = ("functions",)      # the deprecated form, kept as sent in model_extra
 _NORMAL_FORMS = ("NFC", "NFD", "NFKC", "NFKD")
 
 
@@ -94,10 +94,13 @@ def _chat_texts(body: ChatCompletionRequest) -> tuple[list[str], int]:
                     texts.append(_as_json(part.model_extra))
         if message.model_extra:
             texts.append(_as_json(message.model_extra))
+    if body.tools:        # modelled (gateway/schema_tools.py): rendered into the prompt as JSON
+        texts.append(_as_json([t.model_dump(exclude_unset=True) for t in body.tools]))
+        fixed += TOOLS_OVERHEAD
     extra = body.model_extra
     if extra:
         texts.append(_as_json(extra))
-        if any(extra.get(name) for name in _TOOL_FIELDS):
+        if not body.tools and any(extra.get(name) for name in _TOOL_FIELDS):
             fixed += TOOLS_OVERHEAD
     return texts, fixed
 

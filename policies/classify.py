@@ -1,4 +1,5 @@
-"""Classify a request as latency-, throughput- or memory-bound, with the reasons why.
+"""Classify a request as latency-, throughput- or memory-bound, with the reasons why, and name
+what it needs of the tier that answers it (code, tools, long context, ...; policies/needs.py).
 
 Rules are compiled once per config into small predicate closures, so classifying a request
 is a handful of comparisons. Pure: no I/O, no engine, no HTTP.
@@ -12,6 +13,8 @@ from dataclasses import dataclass, field
 
 from policies.policy_config import PROFILES, ClassificationConfig, ClassifyRule, NumberCondition
 
+EMPTY_NEEDS: frozenset[str] = frozenset()
+
 
 @dataclass(slots=True)
 class RequestFeatures:
@@ -23,6 +26,9 @@ class RequestFeatures:
     n: int = 1
     max_tokens: int | None = None  # None: the client left it to the context length
     prompt_tokens: int | None = None
+    code: str | None = None        # why the prompt looks like code (policies/request_signals.py); None: it does not
+    tools: bool = False            # the request carries tools
+    json_schema: bool = False      # the request asks for structured output (response_format json)
 
 
 @dataclass(slots=True)
@@ -30,6 +36,7 @@ class Classification:
     profile: str
     source: str                    # "hint" | "rule" | "default"
     reasons: list[str] = field(default_factory=list)
+    needs: frozenset[str] = EMPTY_NEEDS   # of policies.needs.NEEDS
 
 
 # A check returns None when it fails, else a short text saying why it held.
@@ -68,6 +75,14 @@ def _bool_check(name: str, expected: bool) -> Check:
     return check
 
 
+def _code_check(expected: bool) -> Check:
+    def check(f: RequestFeatures) -> str | None:
+        if (f.code is not None) is not expected:
+            return None
+        return f"code ({f.code})" if expected else "code false"
+    return check
+
+
 def _num(v: float) -> str:
     return str(int(v)) if float(v).is_integer() else str(v)
 
@@ -95,8 +110,12 @@ def _compile(index: int, rule: ClassifyRule) -> _CompiledRule:
         cond = getattr(when, name)
         if cond is not None:
             checks.append(_number_check(name, cond))
-    if when.stream is not None:
-        checks.append(_bool_check("stream", when.stream))
+    for name in ("stream", "tools"):
+        value = getattr(when, name)
+        if value is not None:
+            checks.append(_bool_check(name, value))
+    if when.code is not None:
+        checks.append(_code_check(when.code))
     for name in ("endpoint", "tenant", "tenant_class", "model"):
         value = getattr(when, name)
         if value is not None:
@@ -108,24 +127,51 @@ class Classifier:
     def __init__(self, config: ClassificationConfig):
         self.default_profile = config.default_profile
         self.honour_hint = config.honour_hint
+        self.long_context_tokens = config.long_context_tokens
         self._rules = [_compile(i, r) for i, r in enumerate(config.rules)]
         # Counting prompt tokens costs a tokenization: do it only when a rule looks at it.
         self.needs_prompt_tokens = any(r.when.prompt_tokens is not None for r in config.rules)
+        # Likewise the code detector (cheap, but not free on a long prompt).
+        self.needs_code_signal = any(r.when.code is not None for r in config.rules)
+
+    def needs_of(self, features: RequestFeatures) -> frozenset[str]:
+        needs = []
+        if features.code is not None:
+            needs.append("code")
+        if features.tools:
+            needs.append("tools")
+        if features.json_schema:
+            needs.append("json_schema")
+        if features.prompt_tokens is not None and features.prompt_tokens >= self.long_context_tokens:
+            needs.append("long_context")
+        return frozenset(needs) if needs else EMPTY_NEEDS
 
     def classify(self, features: RequestFeatures, hint: str | None = None,
                  hint_allowed: bool = True) -> Classification:
-        """`hint` is the x-tiergate-profile header, already checked to name a profile."""
+        """`hint` is the x-tiergate-profile header, already checked to name a profile. The
+        needs do not depend on the profile: a hint changes how a request is served, not what
+        it asks for."""
+        needs = self.needs_of(features)
         ignored = None
         if hint is not None:
             if hint not in PROFILES:
                 raise ValueError(f"unknown profile {hint!r}")
             if self.honour_hint and hint_allowed:
-                return Classification(hint, "hint", [f"hint {hint}"])
+                return Classification(hint, "hint", _with_needs([f"hint {hint}"], needs, features), needs)
             ignored = "hint ignored (not allowed for this tenant)" if self.honour_hint else "hint ignored (off)"
         for rule in self._rules:
             why = rule.match(features)
             if why is not None:
                 reasons = [f"{rule.label}: {', '.join(why)}" if why else rule.label]
-                return Classification(rule.profile, "rule", [ignored, *reasons] if ignored else reasons)
+                reasons = [ignored, *reasons] if ignored else reasons
+                return Classification(rule.profile, "rule", _with_needs(reasons, needs, features), needs)
         reasons = ["no rule matched: default"]
-        return Classification(self.default_profile, "default", [ignored, *reasons] if ignored else reasons)
+        reasons = [ignored, *reasons] if ignored else reasons
+        return Classification(self.default_profile, "default", _with_needs(reasons, needs, features), needs)
+
+
+def _with_needs(reasons: list[str], needs: frozenset[str], features: RequestFeatures) -> list[str]:
+    if not needs:
+        return reasons
+    named = [f"code ({features.code})" if n == "code" else n for n in sorted(needs)]
+    return [*reasons, "needs " + ", ".join(named)]

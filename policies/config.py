@@ -14,6 +14,7 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ByteSize, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
+from policies.cascade import CascadeConfig
 from policies.limits_config import LimitsConfig
 from policies.policy_config import (
     PROFILES,
@@ -22,7 +23,6 @@ from policies.policy_config import (
     AuthConfig,
     ClassificationConfig,
     ClassifyRule,
-    EscalationConfig,
     ModelAliasConfig,
     RouteRule,
     RoutingConfig,
@@ -39,7 +39,7 @@ from policies.tier_config import (
 
 __all__ = [
     "PROFILES", "ApiKeyConfig", "AuthConfig", "ClassificationConfig", "ClassifyRule", "ConfigError",
-    "AdminKeyConfig", "EmbeddedTierConfig", "EscalationConfig", "GatewayConfig",
+    "AdminKeyConfig", "CascadeConfig", "EmbeddedTierConfig", "GatewayConfig",
     "ModelAliasConfig",
     "RouteRule", "RoutingConfig", "ServerConfig", "SpeculativeSettings", "TenantConfig", "UpstreamTierConfig",
     "hash_api_key", "is_loopback", "load_config", "parse_config",
@@ -141,15 +141,19 @@ class GatewayConfig(_Strict):
 
         for alias, m in self.models.items():
             check(m.chain, f"models.{alias}.chain")
-            if m.escalate:
-                check([m.escalate.to], f"models.{alias}.escalate.to")
+            if m.cascade:
+                check([m.cascade.to], f"models.{alias}.cascade.to")
         for i, rule in enumerate(self.routing.rules):
             check(rule.chain, f"routing.rules.{i}.chain")
-            if rule.escalate:
-                check([rule.escalate.to], f"routing.rules.{i}.escalate.to")
+            if rule.cascade:
+                check([rule.cascade.to], f"routing.rules.{i}.cascade.to")
             for alias in _as_list(rule.match.model):
                 if alias not in self.models:
                     raise ValueError(f"routing.rules.{i}.match.model: unknown model {alias!r}")
+                if self.models[alias].pinned:
+                    # The rule could never apply: a pinned alias is not re-routed.
+                    raise ValueError(f"routing.rules.{i}.match.model: model {alias!r} is pinned "
+                                     "(routing rules do not apply to it)")
 
     def _check_tenants_named(self) -> None:
         if not self.auth.enabled and self.auth.anonymous_tenant not in self.tenants:

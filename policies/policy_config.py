@@ -9,6 +9,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from policies.cascade import CascadeConfig
+from policies.needs import Need
+
 Profile = Literal["latency", "throughput", "memory"]
 PROFILES: tuple[str, ...] = ("latency", "throughput", "memory")
 Endpoint = Literal["chat", "completions"]
@@ -125,6 +128,9 @@ class ClassifyWhen(_Strict):
     tenant: str | list[str] | None = None
     tenant_class: str | list[str] | None = None
     model: str | list[str] | None = None
+    code: bool | None = Field(None, description="the prompt looks like a programming request "
+                                                "(policies/request_signals.py)")
+    tools: bool | None = Field(None, description="the request carries tools")
 
 
 class ClassifyRule(_Strict):
@@ -137,6 +143,8 @@ class ClassificationConfig(_Strict):
     default_profile: Profile = "throughput"
     honour_hint: bool = Field(True, description="accept x-tiergate-profile from tenants that allow it")
     rules: list[ClassifyRule] = Field([], description="first match wins")
+    long_context_tokens: int = Field(4096, gt=0, description="a prompt of at least this many tokens needs "
+                                                             "long_context (known when prompt tokens are counted)")
 
 
 class RouteMatch(_Strict):
@@ -144,24 +152,41 @@ class RouteMatch(_Strict):
     tenant_class: str | list[str] | None = None
     model: str | list[str] | None = None
     profile: Profile | list[Profile] | None = None
+    needs: Need | list[Need] | None = Field(None, description="every need listed must be among the request's "
+                                                              "(code, long_context, tools, json_schema)")
 
 
-class EscalationConfig(_Strict):
-    to: str = Field(description="tier that answers again when the first answer looks unsure")
-    below_mean_logprob: float = Field(lt=0, description="escalate when the mean token logprob is below this")
+_ESCALATE_REPLACED = ("'escalate' was replaced by 'cascade: {to: TIER, tokens: K, signal: mean_logprob|"
+                      "mean_entropy, threshold: X}' (judged on the first K tokens, before any is sent)")
 
 
-class RouteRule(_Strict):
+class _CascadeHolder(_Strict):
+    cascade: CascadeConfig | None = Field(
+        None, description="the first tier's first tokens are held back and judged; unsure, the request is answered "
+                          "by `to` instead, before any byte reaches the client")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _escalate_replaced(cls, value):
+        # The whole-answer escalation of earlier configs became the cascade: its threshold meant
+        # something else (a whole answer), so it is not carried over silently.
+        if isinstance(value, dict) and "escalate" in value:
+            raise ValueError(_ESCALATE_REPLACED)
+        return value
+
+
+class RouteRule(_CascadeHolder):
     name: str | None = None
     match: RouteMatch = RouteMatch()
     chain: list[str] = Field(min_length=1, description="tiers in order: the first ready one answers")
-    escalate: EscalationConfig | None = Field(None, description="non-streaming requests only")
 
 
 class RoutingConfig(_Strict):
     rules: list[RouteRule] = Field([], description="first match wins; else the model alias's chain")
 
 
-class ModelAliasConfig(_Strict):
+class ModelAliasConfig(_CascadeHolder):
+    """A model id clients may name. A routed alias (the default) is re-routed by routing rules; a
+    pinned one always walks its own chain, so a client can name a concrete model and get it."""
     chain: list[str] = Field(min_length=1, description="default tier order for this model id")
-    escalate: EscalationConfig | None = None
+    pinned: bool = Field(False, description="routing rules never re-route this alias: its own chain is walked")

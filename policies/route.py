@@ -1,8 +1,10 @@
-"""Choose the tiers that may answer a request: (tenant, model alias, profile, rules) -> an
-ordered fallback chain, plus the escalation rule for non-streaming answers.
+"""Choose the tiers that may answer a request: (tenant, model alias, profile, needs, rules) -> an
+ordered fallback chain, plus the cascade that may hand the request to a larger tier.
 
-Pure decisions: whether a tier is loaded or healthy is the gateway's business; it walks the
-chain (gateway/chain_walk.py) and records each tier it passes over as a typed skip.
+A routed alias (`auto`) goes through the routing rules; a pinned alias (a concrete model a client
+names on purpose) always walks its own chain. Pure decisions: whether a tier is loaded or
+healthy is the gateway's business; it walks the chain (gateway/chain_walk.py) and records each
+tier it passes over as a typed skip.
 """
 
 from __future__ import annotations
@@ -10,13 +12,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from policies.policy_config import EscalationConfig, ModelAliasConfig, RouteRule
+from policies.cascade import CascadeConfig
+from policies.policy_config import ModelAliasConfig, RouteRule
+
+_NO_NEEDS: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
 class RouteDecision:
     chain: tuple[str, ...]
-    escalate: EscalationConfig | None
+    cascade: CascadeConfig | None
     reason: str
 
 
@@ -33,14 +38,19 @@ class _CompiledRoute:
     tenant_classes: frozenset | None
     models: frozenset | None
     profiles: frozenset | None
+    needs: frozenset | None           # all of them must be among the request's
     chain: tuple[str, ...]
-    escalate: EscalationConfig | None
+    cascade: CascadeConfig | None
 
-    def matches(self, tenant: str, tenant_class: str, model: str, profile: str) -> bool:
+    def matches(self, tenant: str, tenant_class: str, model: str, profile: str, needs: frozenset[str]) -> bool:
         return ((self.tenants is None or tenant in self.tenants)
                 and (self.tenant_classes is None or tenant_class in self.tenant_classes)
                 and (self.models is None or model in self.models)
-                and (self.profiles is None or profile in self.profiles))
+                and (self.profiles is None or profile in self.profiles)
+                and (self.needs is None or self.needs <= needs))
+
+    def explain(self) -> str:
+        return f"{self.label}: needs {', '.join(sorted(self.needs))}" if self.needs else self.label
 
 
 class Router:
@@ -48,29 +58,27 @@ class Router:
         self._models = dict(models)
         self._rules = [
             _CompiledRoute(f"route {r.name or i}", _values(r.match.tenant), _values(r.match.tenant_class),
-                           _values(r.match.model), _values(r.match.profile), tuple(r.chain), r.escalate)
+                           _values(r.match.model), _values(r.match.profile), _values(r.match.needs),
+                           tuple(r.chain), r.cascade)
             for i, r in enumerate(rules)
         ]
+        # The code detector runs only when some rule looks at its verdict.
+        self.needs_code_signal = any(r.needs is not None and "code" in r.needs for r in self._rules)
 
     def knows(self, model: str) -> bool:
         return model in self._models
 
-    def route(self, tenant: str, tenant_class: str, model: str, profile: str) -> RouteDecision:
-        """The first matching rule's chain, else the model alias's own chain. KeyError: unknown model."""
+    def pinned(self, model: str) -> bool:
+        return self._models[model].pinned
+
+    def route(self, tenant: str, tenant_class: str, model: str, profile: str,
+              needs: frozenset[str] = _NO_NEEDS) -> RouteDecision:
+        """A pinned alias's own chain; else the first matching rule's chain, else the alias's own
+        chain. KeyError: unknown model."""
         alias = self._models[model]
+        if alias.pinned:
+            return RouteDecision(tuple(alias.chain), alias.cascade, f"model {model} pinned")
         for rule in self._rules:
-            if rule.matches(tenant, tenant_class, model, profile):
-                return RouteDecision(rule.chain, rule.escalate, rule.label)
-        return RouteDecision(tuple(alias.chain), alias.escalate, f"model {model} chain")
-
-
-def mean_logprob(logprobs: Sequence[float]) -> float | None:
-    return sum(logprobs) / len(logprobs) if logprobs else None
-
-
-def should_escalate(escalation: EscalationConfig | None, answered_by: str, mean: float | None) -> bool:
-    """Escalate when a rule asks for it, the answer came from another tier than the target,
-    and its mean token logprob is below the threshold."""
-    if escalation is None or mean is None or answered_by == escalation.to:
-        return False
-    return mean < escalation.below_mean_logprob
+            if rule.matches(tenant, tenant_class, model, profile, needs):
+                return RouteDecision(rule.chain, rule.cascade, rule.explain())
+        return RouteDecision(tuple(alias.chain), alias.cascade, f"model {model} chain")

@@ -7,6 +7,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ByteSize, ConfigDict, Discriminator, Field, FilePath, Tag, model_validator
 
+from policies.needs import DEFAULT_CAPABILITIES, Capability
+
 
 # What the engine accepts, restated here because policies never imports engines; each is defined
 # once on the engine's side and tests/unit/test_settings_agree.py holds the two equal.
@@ -22,6 +24,18 @@ SpeculativeMethod = Literal["ngram", "draft", "self"]
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+class _TierBase(_Strict):
+    """What every tier kind declares the same way."""
+    capabilities: list[Capability] | None = Field(
+        None, description="request features this tier can honour (tools, json_schema); a request needing one "
+                          "it lacks passes it over. Default: everything for upstream tiers, none for embedded")
+
+    def capability_set(self) -> frozenset[str]:
+        if self.capabilities is None:
+            return DEFAULT_CAPABILITIES[self.kind]
+        return frozenset(self.capabilities)
 
 
 class SpeculativeSettings(_Strict):
@@ -49,11 +63,12 @@ class SpeculativeSettings(_Strict):
         return self
 
 
-class EmbeddedTierConfig(_Strict):
+class EmbeddedTierConfig(_TierBase):
     kind: Literal["embedded"] = "embedded"
     model: str = Field("default", description="'default' (bundled SmolLM2), a .gguf file or an HF directory")
     served_name: str | None = Field(None, description="model id shown to clients; defaults to the tier name")
-    dtype: Literal["float32", "bfloat16"] = "bfloat16"
+    dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto", description="compute dtype; auto: the faster of the two for this model, measured at start")
     device: str = Field("cpu", pattern=r"^(cpu|auto|cuda(:\d+)?)$",
                         description="where the weights, KV cache and step tensors live: cpu, cuda[:N] or auto")
     max_model_len: int = Field(2048, gt=0)
@@ -78,7 +93,7 @@ class EmbeddedTierConfig(_Strict):
         return self
 
 
-class UpstreamTierConfig(_Strict):
+class UpstreamTierConfig(_TierBase):
     """An OpenAI-compatible server (vLLM, SGLang, another tiergate) reached over pooled HTTP."""
     kind: Literal["upstream"]
     base_url: str = Field(description="e.g. http://10.0.0.5:8000/v1 (the prefix before /chat/completions)")

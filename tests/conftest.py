@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+# The OpenMP wait policy `tiergate` runs with, set before torch loads OpenMP: the tests run
+# servers, clients and engines in one process on shared cores.
+import gateway.cli.omp_wait_policy  # noqa: F401,I001
+
 import pytest
 import torch
 
@@ -36,3 +40,35 @@ def hf_reference(default_gguf):
 def hf_tokenizer(default_gguf):
     import transformers
     return transformers.AutoTokenizer.from_pretrained(default_gguf.parent, gguf_file=default_gguf.name)
+
+
+# Qwen2.5-Coder-0.5B-Instruct (architecture qwen2), the second bundled model, and its references.
+
+@pytest.fixture(scope="session")
+def qwen_fp32():
+    from engines.loaded_model import load_model
+
+    return load_model("qwen", "float32")
+
+
+@pytest.fixture(scope="session")
+def qwen_gguf():
+    from engines.loaders.bundled_models import bundled_gguf_path, bundled_model
+    from engines.loaders.gguf_cache import default_cache_root
+
+    return bundled_gguf_path(bundled_model("qwen"), default_cache_root())
+
+
+@pytest.fixture(scope="session")
+def qwen_hf_reference(qwen_gguf):
+    import transformers
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        qwen_gguf.parent, gguf_file=qwen_gguf.name, dtype=torch.float32
+    )
+    return model.eval()
+
+
+@pytest.fixture(scope="session")
+def qwen_hf_tokenizer(qwen_gguf):
+    import transformers
+    return transformers.AutoTokenizer.from_pretrained(qwen_gguf.parent, gguf_file=qwen_gguf.name)

@@ -149,8 +149,8 @@ models:
   smol: {{chain: [smol]}}
   multi: {{chain: [smol]}}
   routed: {{chain: [broken, smol]}}
-  esc: {{chain: [tiny-a], escalate: {{to: smol, below_mean_logprob: -0.5}}}}
-  no-esc: {{chain: [tiny-a], escalate: {{to: smol, below_mean_logprob: -1000}}}}
+  esc: {{chain: [tiny-a], cascade: {{to: smol, threshold: -0.5}}}}
+  no-esc: {{chain: [tiny-a], cascade: {{to: smol, threshold: -1000}}}}
 classification:
   rules:
     - {{name: long, profile: memory, when: {{prompt_tokens: {{gte: 300}}, model: multi}}}}

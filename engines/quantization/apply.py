@@ -13,7 +13,8 @@ from engines.quantization.int8 import Int8Linear
 from engines.quantization.methods import LAYER_METHODS
 
 
-def _make(method: str, layer: Linear, group_size: int) -> nn.Module:
+def quantized_linear(method: str, layer: Linear, group_size: int) -> nn.Module:
+    """`layer` as a quantized module of a layer method (LAYER_METHODS), with no data."""
     if method == "int8":
         return Int8Linear(layer.weight, layer.bias)
     if method == "int4-rtn":
@@ -29,7 +30,7 @@ def quantize_model(model: LlamaForCausalLM, method: str, group_size: int = 128, 
                if isinstance(module, Linear) and name.startswith("layers.")]
     for name, module in tqdm(targets, desc=f"quantizing ({method})", disable=not progress, leave=False):
         parent_name, _, attr = name.rpartition(".")
-        setattr(model.get_submodule(parent_name), attr, _make(method, module, group_size))
+        setattr(model.get_submodule(parent_name), attr, quantized_linear(method, module, group_size))
     return len(targets)
 
 

@@ -10,5 +10,20 @@ LAYER_METHODS = ("int8", "int4-rtn", "fp8")
 CALIBRATED_METHODS = ("int4-awq", "int4-gptq")
 # Every method a quantized artifact can be built with: the layer methods and the calibrated ones.
 ARTIFACT_METHODS = ("int8", "int4-rtn", "int4-awq", "int4-gptq", "fp8")
+# The layer method whose kernel each artifact's layers run (what a speed probe has to time):
+# calibration changes the values of INT4 weights, not the kernel that multiplies them.
+LAYER_METHOD_OF = {"int8": "int8", "int4-rtn": "int4-rtn", "int4-awq": "int4-rtn", "int4-gptq": "int4-rtn",
+                   "fp8": "fp8"}
 # Input channels that share one INT4 scale and zero (round-to-nearest, AWQ and GPTQ alike).
 INT4_GROUP_SIZES = (32, 64, 128, 256)
+# Methods that read the source GGUF's own quantized blocks (no data, no second rounding). Not yet in
+# ARTIFACT_METHODS: the tier schema (policies/tier_config.py) and `tiergate quantize` list those.
+GGUF_METHODS = ("int4-gguf",)
+# Every method the artifact builder takes.
+BUILD_METHODS = (*ARTIFACT_METHODS, *GGUF_METHODS)
+# Methods whose group size is the file's, whatever the caller asks (Q4_K: groups of 32).
+FIXED_GROUP_SIZES = {"int4-gguf": 32}
+
+
+def effective_group_size(method: str, group_size: int) -> int:
+    return FIXED_GROUP_SIZES.get(method, group_size)

@@ -5,7 +5,8 @@ gen_ai.server.time_to_first_token, .time_per_output_token, .request.duration, in
 Engine figures are read at scrape time from each tier's stats object (engines.stats.EngineStats
 or anything with the same attribute names), so the engine thread does no metrics work.
 
-Labels stay low-cardinality: tier, profile, tenant_class, type, reason, state. Never pass a
+Labels stay low-cardinality: tier, profile, tenant_class, type, reason, state, and the cascade's
+from / to tiers, outcome and signal. Never pass a
 tenant id, an API key or request text as a label value.
 """
 
@@ -32,6 +33,9 @@ log = logging.getLogger(__name__)
 # Bucket boundaries recommended by the GenAI semantic conventions.
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
 TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
+# The cascade's confidence (policies.cascade.confidence: a mean logprob, or a mean entropy negated,
+# in nats): at or below 0, higher is surer.
+CONFIDENCE_BUCKETS = (-8.0, -6.0, -4.0, -3.0, -2.5, -2.0, -1.5, -1.0, -0.75, -0.5, -0.25, -0.1, 0.0)
 DURATION_BUCKETS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92)
 REQUEST_LABELS = ("tier", "profile", "tenant_class")
 BREAKER_STATES = ("closed", "open", "half_open")
@@ -60,6 +64,12 @@ class GatewayMetrics:
                               ("tier", "reason"), registry=r)
         self.budget_rejections = Counter("tiergate_budget_rejections", "Requests refused by a budget",
                                          ("tenant_class", "reason"), registry=r)
+        self.cascade_decisions = Counter("tiergate_cascade_decisions", "Cascade decisions on a first tier's "
+                                         "first tokens: kept (it answers) or escalated (the `to` tier answers)",
+                                         ("from_tier", "to_tier", "outcome"), registry=r)
+        self.cascade_confidence = Histogram("tiergate_cascade_confidence", "Confidence of the first tokens "
+                                            "judged by a cascade (mean logprob, or mean entropy negated)",
+                                            ("from_tier", "signal"), buckets=CONFIDENCE_BUCKETS, registry=r)
         self._collector = _TierStateCollector()
         r.register(self._collector)
         # Until a source is set: each breaker's state as this replica's requests last saw it.
@@ -135,6 +145,10 @@ class GatewayMetrics:
             per_choice = output_tokens / max(choices, 1)
             if per_choice > 1:
                 self.tpot.labels(*labels).observe(max(duration_s - ttft_s, 0.0) / (per_choice - 1))
+
+    def cascade_decided(self, *, from_tier: str, to_tier: str, escalated: bool, signal: str, score: float) -> None:
+        self.cascade_decisions.labels(from_tier, to_tier, "escalated" if escalated else "kept").inc()
+        self.cascade_confidence.labels(from_tier, signal).observe(score)
 
     def budget_rejected(self, *, tenant_class: str, reason: str) -> None:
         self.budget_rejections.labels(tenant_class, reason).inc()

@@ -55,7 +55,8 @@ class RequestTelemetry:
         trace.classified(ctx.profile, ctx.reasons)
         trace.routed(ctx.chain[0], ctx.chain[1:])
         extra = {"tiergate.request_id": ctx.request_id, "tiergate.tenant_class": ctx.tenant_class,
-                 "tiergate.profile.source": ctx.profile_source, "tiergate.route.rule": ctx.route_reason}
+                 "tiergate.profile.source": ctx.profile_source, "tiergate.route.rule": ctx.route_reason,
+                 "tiergate.needs": sorted(ctx.needs) if ctx.needs else None}
         trace.span.set_attributes({k: v for k, v in extra.items() if v is not None})
 
     def tier_span(self, ctx: RequestContext, call: TierCall, tier: Tier) -> TierSpan:
@@ -91,6 +92,7 @@ class RequestTelemetry:
                 reason = admission.limit_kind or admission.reason
                 trace.budget("reject", reason, tenant_class=ctx.tenant_class)
                 metrics.budget_rejected(tenant_class=tenant_class, reason=reason or "unknown")
+        cascade = ctx.cascade
         error_type = error_reason = None
         if disconnected:
             error_reason = "client_disconnected"
@@ -103,7 +105,16 @@ class RequestTelemetry:
                 trace.span.set_attribute("tiergate.client_disconnected", True)
             if ctx.escalated_from is not None:
                 trace.span.set_attribute("tiergate.escalated_from", ctx.escalated_from)
+            if cascade is not None:
+                trace.span.set_attributes({
+                    "tiergate.cascade.from": cascade.from_tier, "tiergate.cascade.to": cascade.to,
+                    "tiergate.cascade.outcome": "escalated" if cascade.escalated else "kept",
+                    "tiergate.cascade.signal": cascade.signal, "tiergate.cascade.score": cascade.score,
+                    "tiergate.cascade.tokens": cascade.tokens})
         trace.end(ctx.status, error_type)
+        if cascade is not None:
+            metrics.cascade_decided(from_tier=cascade.from_tier, to_tier=cascade.to, escalated=cascade.escalated,
+                                    signal=cascade.signal, score=cascade.score)
         if ctx.profile is None:   # refused before classification (auth, bad body): no tier figures
             return
         end = ctx.finished_at or time.perf_counter()

@@ -12,11 +12,20 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from gateway.context import RequestContext, Usage
 from gateway.errors import GatewayError
 from gateway.schema import RequestBody
 from gateway.telemetry.tracing import TierSpan, untraced_tier_span
+from policies.cascade import CASCADE_SIGNALS
+
+if TYPE_CHECKING:
+    from gateway.cascade_gate import CascadeGate
+
+# What a tier can report of each token it generates, for a cascade to judge (policies/cascade.py).
+ALL_TOKEN_SIGNALS: frozenset[str] = frozenset(CASCADE_SIGNALS)
+NO_TOKEN_SIGNALS: frozenset[str] = frozenset()
 
 
 class TierFailure(Exception):
@@ -49,7 +58,11 @@ class TierCall:
     ctx: RequestContext
     body: RequestBody
     alias: str                       # the model id the client named, echoed in responses
-    want_logprobs: bool = False      # escalation needs the answer's token logprobs
+    # The request's cascade, if its route has one (gateway/cascade_gate.py), and the same gate
+    # while it judges the current attempt: the tier then reports its first tokens' logprobs (and
+    # entropies) to it, which may end the call with Escalate before anything reaches the client.
+    gate: CascadeGate | None = None
+    scoring: CascadeGate | None = None
     # Prompt token ids already computed (classification), keyed by tokenizer identity.
     prompt_ids: dict[str, list[list[int]]] = field(default_factory=dict)
     # The span of the current tier attempt (the pipeline sets one per attempt): the tier adds
@@ -65,7 +78,6 @@ class TierCall:
 class TierAnswer:
     body: bytes                      # the OpenAI JSON response, ready to send
     usage: Usage
-    mean_logprob: float | None = None
 
 
 class Tier:
@@ -105,6 +117,15 @@ class Tier:
     @property
     def context_length(self) -> int | None:
         return None
+
+    @property
+    def capabilities(self) -> frozenset[str]:
+        """What requests may need of this tier (policies/needs.py), from its config."""
+        return self.config.capability_set()
+
+    def token_signals(self, stream: bool) -> frozenset[str]:
+        """The cascade signals this tier can report per token, in a stream or a whole answer."""
+        return NO_TOKEN_SIGNALS
 
     def describe(self) -> dict:
         out = {"kind": self.kind, "state": self.state}

@@ -13,6 +13,7 @@ on the weights already loaded (gateway/tiers/engine_restart.py: backoff, bounded
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import hashlib
 import logging
@@ -38,7 +39,7 @@ from gateway.openai_format import (
     json_bytes,
 )
 from gateway.schema import ChatCompletionRequest
-from gateway.tiers.base import Tier, TierAnswer, TierCall, TierFailure
+from gateway.tiers.base import ALL_TOKEN_SIGNALS, Tier, TierAnswer, TierCall, TierFailure
 from gateway.tiers.embedded_jobs import Job, check_supported, engine_jobs, render_prompts
 from gateway.tiers.embedded_load import build_engine
 from gateway.tiers.engine_restart import EngineRestarter, RestartPolicy
@@ -154,6 +155,9 @@ class EmbeddedTier(Tier):
     def context_length(self) -> int | None:
         return self.engine.engine.max_model_len if self.engine else self.config.max_model_len
 
+    def token_signals(self, stream: bool) -> frozenset[str]:
+        return ALL_TOKEN_SIGNALS       # the engine's sampler gives logprobs and entropies either way
+
     def describe(self) -> dict:
         out = super().describe()
         if self.state == "ready" and not self.ready:
@@ -164,6 +168,8 @@ class EmbeddedTier(Tier):
             out["runs_without"] = self.notes
         if self.load_seconds is not None:
             out["load_seconds"] = round(self.load_seconds, 1)
+        if self.loaded is not None:
+            out["dtype"] = str(self.loaded.dtype).removeprefix("torch.")    # what `auto` chose, too
         if self.engine is not None:
             st = self.engine.stats
             out["kv_blocks_used"] = st.kv_blocks_used
@@ -205,23 +211,30 @@ class EmbeddedTier(Tier):
         scope, priority = self._scope(call)
         results = [ChoiceResult(index) for index, _, _ in jobs]
         waiting_first = True
+        gate = call.scoring
 
         async def run(slot: ChoiceResult, ids: list[int], params: SamplingParams) -> None:
             nonlocal waiting_first
             call.span.queued(queue_depth=engine.stats.queue_depth)
             events = EngineEvents(call.span)
-            async for out in engine.generate(f"{rid}-{slot.index}", ids, params, scope, priority):
-                events.observe(out)
-                if waiting_first:
-                    waiting_first = False
-                    _first_token(call)
-                slot.text += out.text
-                if out.logprobs:
-                    slot.logprobs.extend(out.logprobs)
-                slot.prompt_tokens, slot.completion_tokens = out.prompt_tokens, out.completion_tokens
-                slot.cached_tokens = out.cached_tokens
-                if out.finished:
-                    slot.finish_reason = out.finish_reason
+            # Closed on the way out, also when the cascade's gate ends the call: the engine
+            # request is aborted then, not when the generator is collected.
+            async with contextlib.aclosing(engine.generate(f"{rid}-{slot.index}", ids, params, scope,
+                                                           priority)) as outputs:
+                async for out in outputs:
+                    events.observe(out)
+                    if waiting_first:
+                        waiting_first = False
+                        _first_token(call)
+                    slot.text += out.text
+                    if out.logprobs:
+                        slot.logprobs.extend(out.logprobs)
+                    slot.prompt_tokens, slot.completion_tokens = out.prompt_tokens, out.completion_tokens
+                    slot.cached_tokens = out.cached_tokens
+                    if out.finished:
+                        slot.finish_reason = out.finish_reason
+                    if gate is not None:
+                        _judge(gate, out)
 
         try:
             async with asyncio.TaskGroup() as group:  # one failure cancels (and aborts) the others
@@ -240,9 +253,7 @@ class EmbeddedTier(Tier):
         pieces = self.pieces if client_lp else None
         build = chat_body if chat else completion_body
         body = build(_response_id(call), int(time.time()), call.alias, results, usage.as_openai(), pieces)
-        all_lps = [lp.logprob for r in results for lp in r.logprobs]
-        mean = sum(all_lps) / len(all_lps) if all_lps else None
-        return TierAnswer(json_bytes(body), usage, mean)
+        return TierAnswer(json_bytes(body), usage)
 
     async def stream(self, call: TierCall) -> AsyncIterator[bytes]:
         jobs = self._jobs(call)   # raises before the first byte: bad request or unfit tier
@@ -261,6 +272,7 @@ class EmbeddedTier(Tier):
         started = set()
         keep_text = call.span.content_allowed   # texts are kept only for an opted-in span
         events = {i: EngineEvents(call.span) for i in results}
+        gate = call.scoring
         try:
             async for index, out in outputs:
                 events[index].observe(out)
@@ -271,6 +283,8 @@ class EmbeddedTier(Tier):
                     slot.finish_reason = out.finish_reason
                 if keep_text:
                     slot.text += out.text
+                if gate is not None:
+                    _judge(gate, out)    # counted, but before its chunk is made: it may end the call
                 if index not in started:
                     if not started:
                         _first_token(call)
@@ -328,6 +342,14 @@ async def _merged(engine: AsyncEngine, jobs, scope, priority) -> AsyncIterator[t
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _judge(gate, out) -> None:
+    """Hand the cascade's gate this delta's token scores (it raises Escalate when unsure)."""
+    if not gate.deciding:
+        return
+    lps = out.logprobs or ()
+    gate.observe([lp.logprob for lp in lps], [lp.entropy for lp in lps], out.finished)
 
 
 def _first_token(call: TierCall) -> None:

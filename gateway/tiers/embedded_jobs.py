@@ -15,7 +15,7 @@ from gateway.errors import GatewayError
 from gateway.schema import ChatCompletionRequest, RequestBody
 from gateway.tiers.base import TierCall, TierUnfit
 
-UNSUPPORTED_CHAT = ("tools", "tool_choice", "functions", "function_call")
+UNSUPPORTED_CHAT = ("functions", "function_call")
 
 Job = tuple[int, list[int], SamplingParams]      # (choice index, prompt ids, sampling)
 
@@ -43,6 +43,10 @@ def render_prompts(loaded: LoadedModel, body: RequestBody) -> list[list[int]]:
 def check_supported(body: RequestBody) -> None:
     extra = body.model_extra or {}
     if isinstance(body, ChatCompletionRequest):
+        # Routing passes an embedded tier over for tools (it lacks the capability); a config that
+        # declares it anyway still gets a clear refusal rather than tools silently ignored.
+        if body.tools:
+            raise GatewayError(400, "'tools' is not supported by embedded tiers", param="tools")
         for name in UNSUPPORTED_CHAT:
             if extra.get(name):
                 raise GatewayError(400, f"'{name}' is not supported by embedded tiers", param=name)
@@ -65,7 +69,9 @@ def engine_jobs(call: TierCall, prompts: list[list[int]], engine: LLMEngine) -> 
     engine (a larger tier may take it), GatewayError when it is wrong anywhere."""
     body = call.body
     chat = isinstance(body, ChatCompletionRequest)
-    want_lp = (body.logprobs if chat else body.logprobs is not None) or call.want_logprobs
+    gate = call.scoring            # a cascade judging this call needs its tokens' logprobs
+    want_lp = (body.logprobs if chat else body.logprobs is not None) or gate is not None
+    entropy = gate is not None and gate.wants_entropy
     top = body.num_top_logprobs if chat else (body.logprobs or 0)
     limit = engine.max_model_len
     jobs = []
@@ -77,7 +83,8 @@ def engine_jobs(call: TierCall, prompts: list[list[int]], engine: LLMEngine) -> 
                 top_p=1.0 if body.top_p is None else body.top_p, top_k=body.top_k or 0, min_p=body.min_p or 0.0,
                 seed=derive_seed(body.seed, p_index * body.n + i), stop=body.stop_list(),
                 ignore_eos=body.ignore_eos, presence_penalty=body.presence_penalty or 0.0,
-                frequency_penalty=body.frequency_penalty or 0.0, logprobs=bool(want_lp), top_logprobs=top)
+                frequency_penalty=body.frequency_penalty or 0.0, logprobs=bool(want_lp), top_logprobs=top,
+                entropy=entropy)
             try:
                 engine.check_request(ids, params)
             except RequestTooLongError as exc:   # a larger tier may take it

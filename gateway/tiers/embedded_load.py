@@ -12,7 +12,9 @@ import logging
 from engines.engine_config import EngineConfig
 from engines.errors import ModelLoadError
 from engines.llm_engine import LLMEngine
-from engines.loaded_model import load_model
+from engines.dtype_choice import choose_dtype
+from engines.loaded_model import load_model, resolve_checkpoint_dir, resolve_device
+from engines.loaders.hf_checkpoint import open_hf_checkpoint
 from engines.quantization.artifact_cache import ensure_quantized
 from engines.quantization.calibration import CalibrationSource
 from engines.spec.config import SpeculativeConfig
@@ -23,7 +25,7 @@ log = logging.getLogger(__name__)
 # Tier settings the gateway acts on itself: which weights to load and where, how the tier is named
 # and admitted. Every other field of EmbeddedTierConfig is an EngineConfig field, passed on as is.
 TIER_ONLY_FIELDS = frozenset({"kind", "model", "served_name", "dtype", "device", "quantization",
-                              "quant_group_size", "max_in_flight"})
+                              "quant_group_size", "max_in_flight", "capabilities"})
 # YAML name -> engine name, where they differ: the YAML takes a size with its unit ("512MiB").
 ENGINE_FIELD_NAMES = {"kv_cache_memory": "kv_cache_memory_bytes"}
 
@@ -35,10 +37,19 @@ def _weights_source(name: str, cfg: EmbeddedTierConfig, calibration: Calibration
     try:
         return str(ensure_quantized(cfg.model, cfg.quantization, cfg.quant_group_size, calibration=calibration))
     except (ModelLoadError, ValueError, NotImplementedError, RuntimeError) as exc:
-        notes.append(f"{cfg.quantization} weights ({exc}): runs {cfg.dtype}")
-        log.warning("tier %s: cannot build %s weights (%s); running unquantized %s", name, cfg.quantization,
-                    exc, cfg.dtype)
+        notes.append(f"{cfg.quantization} weights ({exc}): runs unquantized")
+        log.warning("tier %s: cannot build %s weights (%s); running unquantized", name, cfg.quantization, exc)
         return cfg.model
+
+
+def measured_dtype(name: str, cfg: EmbeddedTierConfig, source: str) -> str:
+    """The dtype this tier's model runs fastest in here, with its weight format and batch size."""
+    model_config = open_hf_checkpoint(resolve_checkpoint_dir(source)).config
+    quantization = cfg.quantization if source != cfg.model else None    # None: its quantizing failed
+    choice = choose_dtype(model_config, resolve_device(cfg.device), quantization, cfg.quant_group_size,
+                          cfg.max_num_seqs)
+    log.warning("tier %s: dtype auto -> %s", name, choice.reason)
+    return choice.dtype
 
 
 def speculative_config(settings: SpeculativeSettings) -> SpeculativeConfig:
@@ -58,7 +69,9 @@ def engine_config(cfg: EmbeddedTierConfig, kv_cache_dtype: str | None,
 def build_engine(name: str, cfg: EmbeddedTierConfig,
                  calibration: CalibrationSource | None = None) -> tuple[LLMEngine, list[str]]:
     notes: list[str] = []
-    loaded = load_model(_weights_source(name, cfg, calibration, notes), cfg.dtype, device=cfg.device)
+    source = _weights_source(name, cfg, calibration, notes)
+    dtype = measured_dtype(name, cfg, source) if cfg.dtype == "auto" else cfg.dtype
+    loaded = load_model(source, dtype, device=cfg.device)
     spec = None if cfg.speculative is None else speculative_config(cfg.speculative)
 
     def make(kv_dtype: str | None) -> LLMEngine:
@@ -70,8 +83,8 @@ def build_engine(name: str, cfg: EmbeddedTierConfig,
     except (ModelLoadError, ValueError, KeyError, NotImplementedError, TypeError) as exc:
         if kv is None:
             raise
-        notes.append(f"{kv} KV cache ({exc}): KV in {cfg.dtype}")
+        notes.append(f"{kv} KV cache ({exc}): KV in {dtype}")
         log.warning("tier %s: cannot build a %s KV cache (%s); KV stays %s",
-                    name, kv, exc, cfg.dtype)
+                    name, kv, exc, dtype)
         engine = make(None)
     return engine, notes

@@ -5,8 +5,9 @@ HTTP/1.1 pool, or httpx's own httpcore transport): httpx.AsyncClient's per-reque
 (auth flows, cookies, redirects, URL merging) costs ~0.3 ms of CPU and does nothing here.
 Bodies pass through: the request goes out with the upstream's model name and the body fields
 the tier accepts (the rest rejected or dropped, per its config); the answer comes back byte for
-byte, read defensively (upstream_answers.py) to count usage (and logprobs when escalation needs
-them). Upstream 4xx answers are the client's problem and go back in OpenAI form; connection
+byte, read defensively (upstream_answers.py) to count usage (and, for a cascade judging a whole
+answer, its first tokens' logprobs; an upstream stream is not judged: its logprobs would have
+to be asked for the whole stream and stripped from every event). Upstream 4xx answers are the client's problem and go back in OpenAI form; connection
 errors, timeouts, 429, 5xx and malformed or oversized answers are tier failures, whose
 details (the upstream's address, what it sent) reach logs and spans, never the client.
 
@@ -28,13 +29,14 @@ from pydantic_core import to_json
 from gateway.cache_salt import set_upstream_cache_salt
 from gateway.errors import GatewayError
 from gateway.schema import ChatCompletionRequest
-from gateway.tiers.base import Tier, TierAnswer, TierCall, TierUnfit
+from gateway.cascade_gate import Escalate
+from gateway.tiers.base import NO_TOKEN_SIGNALS, Tier, TierAnswer, TierCall, TierUnfit
 from gateway.tiers.http_pool import PooledTransport
 from gateway.tiers.tenant_shares import TenantShares
 from gateway.tiers.upstream_answers import (
     AnswerFacts,
     StreamReader,
-    mean_logprob,
+    answer_logprobs,
     read_answer,
     read_usage,
     strip_logprobs,
@@ -47,6 +49,7 @@ log = logging.getLogger("gateway.upstream")
 
 _PATHS = {"chat": "/chat/completions", "completions": "/completions"}
 _CLIENT_ERRORS = (400, 413, 422)
+_ANSWER_SIGNALS = frozenset({"mean_logprob"})    # what a whole answer's logprobs give a cascade
 ERROR_BODY_LIMIT = 64 * 1024      # an error answer longer than this is not one to pass on
 
 
@@ -91,6 +94,9 @@ class UpstreamTier(Tier):
     def describe(self) -> dict:
         return {**super().describe(), "base_url": self.config.base_url, "model": self.config.model}
 
+    def token_signals(self, stream: bool) -> frozenset[str]:
+        return NO_TOKEN_SIGNALS if stream else _ANSWER_SIGNALS
+
     # ---- requests ---------------------------------------------------------------------
     def _check_request(self, call: TierCall) -> frozenset[str]:
         """Raises TierUnfit when the request cannot go to this tier; returns the body fields to drop."""
@@ -115,7 +121,7 @@ class UpstreamTier(Tier):
         if stream:
             body["stream"] = True
             body["stream_options"] = {"include_usage": True}   # so usage can be counted
-        if call.want_logprobs and not body.get("logprobs"):
+        if call.scoring is not None and not body.get("logprobs"):
             body["logprobs"] = True if isinstance(call.body, ChatCompletionRequest) else 1
         return to_json(body)
 
@@ -203,13 +209,17 @@ class UpstreamTier(Tier):
             facts.read(data)
             facts.usage = usage
             facts.finish(call.span)
-        mean = None
-        if call.want_logprobs:
-            mean = mean_logprob(data)
+        gate = call.scoring
+        if gate is not None:
+            try:
+                gate.observe(answer_logprobs(data), (), True)
+            except Escalate:
+                call.ctx.usage.add(usage)     # the answer was generated: its tokens are charged
+                raise
             if not _client_wants_logprobs(call):
                 strip_logprobs(data)
                 raw = to_json(data)
-        return TierAnswer(raw, usage, mean)
+        return TierAnswer(raw, usage)
 
     # ---- a stream ---------------------------------------------------------------------------
     async def stream(self, call: TierCall) -> AsyncIterator[bytes]:

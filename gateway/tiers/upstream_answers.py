@@ -75,19 +75,20 @@ def _number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def mean_logprob(data: dict) -> float | None:
-    """The mean token logprob over every choice, in chat or completions shape; None without any."""
-    values: list[float] = []
+def answer_logprobs(data: dict) -> list[float]:
+    """The token logprobs of the answer's first choice, in chat or completions shape; [] without
+    any. (A cascade judges single-choice requests only.)"""
     for choice in data.get("choices") or ():
         lp = choice.get("logprobs") if isinstance(choice, dict) else None
         if not isinstance(lp, dict):
-            continue
+            return []
         content, tokens = lp.get("content"), lp.get("token_logprobs")
         if isinstance(content, list):
-            values.extend(t["logprob"] for t in content if isinstance(t, dict) and _number(t.get("logprob")))
-        elif isinstance(tokens, list):
-            values.extend(v for v in tokens if _number(v))
-    return sum(values) / len(values) if values else None
+            return [t["logprob"] for t in content if isinstance(t, dict) and _number(t.get("logprob"))]
+        if isinstance(tokens, list):
+            return [v for v in tokens if _number(v)]
+        return []
+    return []
 
 
 def strip_logprobs(data: dict) -> None:

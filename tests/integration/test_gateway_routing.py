@@ -1,5 +1,5 @@
 """Routing over real HTTP with embedded tiers: each profile to its tier, fallback past a tier
-that failed to load, escalation on a low mean logprob, readiness, reload limits."""
+that failed to load, a cascade escalating on a low mean logprob, readiness, reload limits."""
 
 from __future__ import annotations
 
@@ -59,17 +59,20 @@ def test_fallback_past_a_tier_that_failed_to_load(client):
     assert headers["x-tiergate-fallbacks"] == "broken: not_ready"
 
 
-def test_escalation_on_low_mean_logprob(gw, client):
-    # The tiny random model is unsure of every token (mean logprob near -log(128)): escalate.
+def test_cascade_escalates_on_low_mean_logprob(gw, client):
+    # The tiny random model is unsure of every token (mean logprob near -log(128)): escalate, before
+    # anything is sent, to the real model, whose answer the client gets as if routed there.
     headers, resp = _ask(client, "esc")
     assert headers["x-tiergate-tier"] == "smol" and headers["x-tiergate-escalated-from"] == "tiny-a"
-    assert "escalated tiny-a -> smol: mean logprob" in headers["x-tiergate-reasons"]
+    assert "cascade tiny-a -> smol: mean_logprob" in headers["x-tiergate-reasons"]
     assert resp.choices[0].logprobs is None          # logprobs were for the gateway, not asked by the client
+    _, plain = _ask(client, "smol")
+    assert resp.choices[0].message.content == plain.choices[0].message.content
     headers, _ = _ask(client, "no-esc")
     assert headers["x-tiergate-tier"] == "tiny-a" and "x-tiergate-escalated-from" not in headers
     with httpx.stream("POST", f"{gw.base}/v1/chat/completions",
                       json={"model": "esc", "messages": MSG, "max_tokens": 4, "stream": True}) as r:
-        assert r.headers["x-tiergate-tier"] == "tiny-a"   # streams are never escalated
+        assert r.headers["x-tiergate-tier"] == "smol"    # streams escalate too: their start is held back
         r.read()
 
 

@@ -5,7 +5,8 @@ document says is valid) to a gateway with one small embedded tier on the tiny ra
 Every answer must be below 500; every non-2xx must be exactly OpenAI's error object; every 200
 must be a completion object (or an SSE stream ending in [DONE]). Because the document states what
 the validators enforce (the served model names as an enum, the numeric bounds), generated chat
-requests must mostly reach the tier: at least 80 % of them answered 200.
+requests must mostly reach the tier: at least 80 % of them answered 200 (of those that do not
+carry tools, which the embedded tier cannot honour: 400 unsupported_capability by design).
 
 The run is derandomized (the same cases on every machine) and nothing in it depends on timing.
 """
@@ -46,6 +47,7 @@ models:
 """
 
 ERROR_FIELDS = {"message", "type", "param", "code"}
+UNSUPPORTED = "400 unsupported_capability"      # counted apart from the other statuses
 
 
 class _Gateway:
@@ -137,7 +139,8 @@ def _fuzz(schema, base: str, path: str, obj: str) -> Counter:
         # Sent with requests itself, not case.call: schemathesis stops reading an event stream after
         # 20 events (or on a clock), and a whole stream is what is checked here.
         response = requests.request(**case.as_transport_kwargs(base_url=base, headers=AUTH), timeout=120)
-        statuses[response.status_code] += 1
+        unsupported = response.status_code == 400 and response.json()["error"]["code"] == "unsupported_capability"
+        statuses[UNSUPPORTED if unsupported else response.status_code] += 1
         where = f"{case.as_curl_command()}\n-> {response.status_code} {response.text[:500]}"
         assert response.status_code < 500, where
         if 200 <= response.status_code < 300:
@@ -154,7 +157,9 @@ def test_chat_completions_fuzz(gw, schema):
     total = sum(statuses.values())
     print(f"chat: {total} cases, statuses {dict(statuses)}")
     assert total >= MAX_EXAMPLES // 2, statuses
-    assert statuses[200] >= 0.8 * total, statuses
+    # A valid request with tools cannot reach this gateway's one embedded tier by design (it
+    # lacks the capability: 400 unsupported_capability); of the others, most must.
+    assert statuses[200] >= 0.8 * (total - statuses[UNSUPPORTED]), statuses
 
 
 def test_completions_fuzz(gw, schema):

@@ -42,7 +42,7 @@ RULES = [
     ({"endpoint": "completions", "n": 5}, "throughput", "no rule matched: default"),
 ])
 def test_rules_first_match_with_reasons(features, profile, reason):
-    verdict = _classifier(RULES).classify(_features(**features))
+    verdict = _classifier(RULES, long_context_tokens=10**6).classify(_features(**features))   # no needs here
     assert verdict.profile == profile
     assert verdict.reasons == [reason]
     assert verdict.source == ("default" if reason.startswith("no rule") else "rule")

@@ -17,7 +17,7 @@ def test_default_config_is_the_three_tier_embedded_default():
     assert (large.quantization, large.kv_cache_dtype) == ("int4-awq", "int8")
     assert spec.quantization == "fp8" and spec.speculative.method == "ngram"
     assert not cfg.auth.enabled and is_loopback(cfg.server.host)
-    assert list(cfg.models) == ["smollm2-135m-instruct"]
+    assert list(cfg.models) == ["auto", "smollm2-135m-instruct"] and cfg.models["smollm2-135m-instruct"].pinned
 
 
 @pytest.mark.parametrize("name", ["upstream.yaml", "auth.yaml"])

@@ -86,9 +86,24 @@ def test_logprobs_are_the_model_distribution():
     assert out.logprobs[1] is None
 
 
+def test_entropy_of_the_model_distribution_only_for_requests_asking():
+    logits = _logits(3, seed=5)
+    logits[2, :10] = float("-inf")                  # tokens ruled out add nothing (0 * log 0 = 0)
+    out = Sampler()(logits, _seqs(SamplingParams(temperature=0.7, logprobs=True, entropy=True, seed=1),
+                                  SamplingParams(temperature=0, logprobs=True),
+                                  SamplingParams(temperature=0, logprobs=True, entropy=True)))
+    for row in (0, 2):
+        p = torch.softmax(logits[row], -1)
+        expected = -(p[p > 0] * p[p > 0].log()).sum().item()    # raw logits: temperature does not change it
+        assert out.logprobs[row].entropy == pytest.approx(expected, abs=1e-5)
+    assert out.logprobs[1].entropy is None
+    assert out.logprobs[1].logprob == pytest.approx(torch.log_softmax(logits[1], -1).max().item(), abs=1e-5)
+
+
 @pytest.mark.parametrize("kwargs,param", [
     ({"max_tokens": 0}, "max_tokens"), ({"temperature": 3.0}, "temperature"), ({"top_p": 0.0}, "top_p"),
     ({"top_k": -1}, "top_k"), ({"stop": ["a"] * 5}, "stop"), ({"top_logprobs": 2}, "top_logprobs"),
+    ({"entropy": True}, "entropy"),
 ])
 def test_invalid_params_name_the_field(kwargs, param):
     with pytest.raises(InvalidRequestError) as info:

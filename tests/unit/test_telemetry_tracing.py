@@ -288,7 +288,8 @@ def _everything(spans) -> str:
 def test_fallback_reasons_are_a_small_fixed_set():
     from gateway.skips import Skip, SkipReason
     assert {r.value for r in SkipReason} == {"not_ready", "tier_busy", "breaker_open", "tier_budget", "tier_unfit",
-                                             "tier_failure", "empty_stream", "pool_exhausted", "tenant_share"}
+                                             "tier_failure", "empty_stream", "pool_exhausted", "tenant_share",
+                                             "capability"}
     skip = Skip("small", SkipReason.BREAKER_OPEN, "circuit breaker open (retry in 1.0s)")
     # What a client sees is the tier and the reason code; the detail is for the log line only.
     assert str(skip) == "small: breaker_open" and skip.reason == "breaker_open"

@@ -17,7 +17,7 @@ from gateway.tiers.upstream_answers import (
     AnswerFacts,
     EventSplitter,
     StreamReader,
-    mean_logprob,
+    answer_logprobs,
     read_answer,
     read_usage,
     strip_logprobs,
@@ -87,7 +87,7 @@ def _read_whole(raw: bytes) -> None:
     facts.read(data)
     facts.usage = usage
     facts.finish(_Span())
-    mean_logprob(data)
+    answer_logprobs(data)
     strip_logprobs(data)
     to_json(data)
 

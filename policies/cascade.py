@@ -1,0 +1,73 @@
+"""The cascade: a small tier starts every answer, and a larger one takes the request over when the
+small tier's first tokens look unsure, before any byte of them reaches the client.
+
+Pure decisions only: the config, the confidence of a prefix of tokens, and whether it falls short.
+Holding the tokens back and asking the larger tier is the gateway's part (gateway/cascade_gate.py).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Literal, get_args
+
+from pydantic import BaseModel, ConfigDict, Field
+
+# mean_logprob: the mean log-probability of the tokens sampled (near 0: sure of each choice);
+# mean_entropy: the mean entropy, in nats, of the distributions they were sampled from (near 0:
+# one choice dominated), which also sees doubt that a lucky sample hides.
+CascadeSignal = Literal["mean_logprob", "mean_entropy"]
+CASCADE_SIGNALS: tuple[str, ...] = get_args(CascadeSignal)
+DEFAULT_CASCADE_TOKENS = 8
+MAX_CASCADE_TOKENS = 256
+
+
+class CascadeConfig(BaseModel):
+    """`threshold` is in the signal's own unit: a mean logprob (escalate below it) or a mean
+    entropy in nats (escalate above it)."""
+    model_config = ConfigDict(extra="forbid")
+
+    to: str = Field(description="tier that answers the whole request when the first tier's start looks unsure")
+    tokens: int = Field(DEFAULT_CASCADE_TOKENS, ge=1, le=MAX_CASCADE_TOKENS,
+                        description="tokens of the first tier held back and judged before anything is sent")
+    signal: CascadeSignal = "mean_logprob"
+    threshold: float = Field(allow_inf_nan=True, description="mean_logprob: keep at or above it; "
+                                                             "mean_entropy: keep at or below it")
+
+
+def confidence(signal: CascadeSignal, logprobs: Sequence[float], entropies: Sequence[float]) -> float:
+    """Higher is more confident: the mean logprob, or the mean entropy negated. No tokens at all
+    (an empty answer) is taken as fully confident: there is nothing to doubt."""
+    if signal == "mean_logprob":
+        values = logprobs
+        sign = 1.0
+    elif signal == "mean_entropy":
+        values = entropies
+        sign = -1.0
+    else:
+        raise ValueError(f"unknown cascade signal {signal!r}")
+    if not values:
+        return 0.0
+    mean = math.fsum(values) / len(values)
+    return sign * mean
+
+
+def should_escalate(cfg: CascadeConfig, score: float) -> bool:
+    """`score` comes from confidence(cfg.signal, ...). Escalate when it falls short of the
+    threshold: mean_logprob < threshold, or mean_entropy (= -score) > threshold."""
+    if math.isnan(score):
+        return True
+    bound = cfg.threshold if cfg.signal == "mean_logprob" else -cfg.threshold
+    return score < bound
+
+
+def describe(cfg: CascadeConfig, score: float, tokens: int) -> str:
+    """The comparison in the signal's own unit, for reasons and logs:
+    'mean_logprob -2.31 < -1.50 over 8 tokens'."""
+    value = score if cfg.signal == "mean_logprob" else -score
+    escalated = should_escalate(cfg, score)
+    if cfg.signal == "mean_logprob":
+        op = "<" if escalated else ">="
+    else:
+        op = ">" if escalated else "<="
+    return f"{cfg.signal} {value:.2f} {op} {cfg.threshold:.2f} over {tokens} token{'s' if tokens != 1 else ''}"

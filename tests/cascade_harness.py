@@ -1,0 +1,106 @@
+"""One gateway for the cascade and alias tests: two tiny random tiers that answer differently
+(`small`, `large`: different seeds), the steerable fake upstream as a third (`up`, which has
+every capability), and aliases that force each cascade outcome deterministically (a threshold
+no answer reaches, or one every answer reaches). In-process, so tests can look at the engines'
+KV blocks, the budget store and the spans (in memory) while talking to it over real HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from gateway.telemetry.setup import build_telemetry
+from policies.config import load_config
+from tests.gateway_harness import InstantUpstream, RunningGateway
+
+SCOPE = "t:default"          # the anonymous tenant's budget scope (auth off)
+K = 8                        # tokens each cascade judges
+
+_TINY = ("{{model: '{path}', dtype: float32, max_model_len: 256, kv_cache_memory: 4MiB, block_size: 16, "
+         "max_num_seqs: 8, max_num_batched_tokens: 256}}")
+
+CONFIG = """
+auth: {{enabled: false}}
+server: {{reload_poll_s: 0}}
+tiers:
+  small: {small}
+  large: {large}
+  up: {{kind: upstream, base_url: "{upstream}", model: instant}}
+models:
+  auto: {{chain: [small, large]}}
+  plain-small: {{chain: [small], pinned: true}}
+  plain-large: {{chain: [large], pinned: true}}
+  with-up: {{chain: [small, up], pinned: true}}
+  keep: {{chain: [small], cascade: {{to: large, tokens: {k}, threshold: -.inf}}}}
+  escalate: {{chain: [small], cascade: {{to: large, tokens: {k}, threshold: 0}}}}
+  keep-entropy: {{chain: [small], cascade: {{to: large, tokens: {k}, signal: mean_entropy, threshold: .inf}}}}
+  escalate-entropy: {{chain: [small], cascade: {{to: large, tokens: {k}, signal: mean_entropy, threshold: 0}}}}
+  up-first: {{chain: [up], cascade: {{to: large, tokens: {k}, threshold: 0}}}}
+classification:
+  rules:
+    - {{name: code, profile: memory, when: {{code: true}}}}
+routing:
+  rules:
+    - {{name: code, match: {{needs: [code], model: auto}}, chain: [large]}}
+limits: {{tenants: {{by_id: {{default: {{tokens_per_day: 100000000}}}}}}}}
+"""
+
+
+class CascadeGateway:
+    def __init__(self, tmp_dir: Path):
+        from tests.tiny_models import write_tiny_checkpoint
+
+        write_tiny_checkpoint(tmp_dir / "small", seed=0)
+        write_tiny_checkpoint(tmp_dir / "large", seed=1)
+        self.upstream = InstantUpstream()
+        path = tmp_dir / "gateway.yaml"
+        path.write_text(CONFIG.format(small=_TINY.format(path=tmp_dir / "small"),
+                                      large=_TINY.format(path=tmp_dir / "large"),
+                                      upstream=self.upstream.base_url, k=K))
+        self.exporter = InMemorySpanExporter()
+        self.telemetry = build_telemetry(load_config(path).telemetry, environ={}, exporter=self.exporter)
+        self.gw = RunningGateway(path, telemetry=self.telemetry)
+        self.base = self.gw.base
+
+    def server_span(self, trace_id: int, timeout_s: float = 10.0):
+        """The server span of one trace, once exported."""
+        deadline = time.time() + timeout_s
+        while time.time() < deadline:
+            self.telemetry.tracing.force_flush()
+            for span in self.exporter.get_finished_spans():
+                if span.context.trace_id == trace_id and span.kind.name == "SERVER":
+                    return span
+            time.sleep(0.05)
+        raise AssertionError(f"no server span for trace {trace_id:032x}")
+
+    def engine(self, tier: str):
+        return self.gw.runtime.tiers[tier].engine.engine
+
+    def used_tokens(self) -> int:
+        """Tokens charged to the tenant's daily budget so far."""
+        return self._on_loop(self.gw.runtime.limits.budgets.usage(SCOPE)).used_tokens_day
+
+    def settled(self, timeout_s: float = 60) -> None:
+        """Until no request is in flight and every engine request has ended (an abort is applied
+        before the engine's next step); then nothing may be reserved or hold a KV block."""
+        deadline = time.time() + timeout_s
+        while time.time() < deadline:
+            busy = self.gw.runtime.limits.in_flight or any(
+                self.engine(t).has_unfinished() for t in ("small", "large"))
+            if not busy:
+                break
+            time.sleep(0.02)
+        usage = self._on_loop(self.gw.runtime.limits.budgets.usage(SCOPE))
+        assert (self.gw.runtime.limits.in_flight, usage.reserved_tokens_day) == (0, 0)
+        for tier in ("small", "large"):
+            assert self.engine(tier).block_manager.num_used_blocks == 0, f"{tier} holds KV blocks"
+
+    def _on_loop(self, coro):
+        return asyncio.run_coroutine_threadsafe(coro, self.gw.server_loop()).result(timeout=30)
+
+    def stop(self) -> None:
+        self.gw.stop()
+        self.upstream.stop()
