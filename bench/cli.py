@@ -67,6 +67,19 @@ def add_bench_parsers(bench_sub) -> None:
     serve.add_argument("--header", action="append", default=[], metavar="NAME:VALUE",
                        help="extra request header (repeatable), e.g. 'x-tiergate-profile: latency'")
     serve.set_defaults(run=_bench_serve)
+    soak = bench_sub.add_parser("soak", help="a long run at a share of measured capacity: RSS growth and p99 drift")
+    soak.add_argument("--json", required=True, dest="json_out")
+    soak.add_argument("--config", default="config/default.yaml", help="the config `tiergate serve` runs")
+    soak.add_argument("--minutes", type=float, default=30.0, help="length of the measured period")
+    soak.add_argument("--load", type=float, default=0.7, help="offered load as a share of measured capacity")
+    soak.add_argument("--concurrency", type=int, default=16, help="requests in flight while measuring capacity")
+    soak.add_argument("--capacity-seconds", type=float, default=60.0)
+    soak.add_argument("--window-seconds", type=float, default=60.0, help="length of each reported window")
+    soak.add_argument("--pool-size", type=int, default=128, help="distinct ShareGPT prompts, cycled")
+    soak.add_argument("--max-prompt-tokens", type=int, default=256)
+    soak.add_argument("--max-tokens", type=int, default=32, help="output tokens of every request (EOS ignored)")
+    soak.add_argument("--seed", type=int, default=0)
+    soak.set_defaults(run=_bench_soak)
     ladder = bench_sub.add_parser("ladder", help="the optimisation stack one rung at a time: batching, INT4 AWQ, "
                                                  "prefix cache, INT8 KV, speculative decoding")
     ladder.add_argument("--json", required=True, dest="json_out")
@@ -77,6 +90,32 @@ def add_bench_parsers(bench_sub) -> None:
     ladder.add_argument("--group-size", type=int, default=64, choices=[64, 128])
     ladder.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
     ladder.set_defaults(run=_bench_ladder)
+    routing = bench_sub.add_parser("routing", help="is routing worth it: quality gap recovered per share of calls "
+                                                   "to the large tier, tiergate's router vs random and the oracle")
+    routing.add_argument("--json", required=True, dest="json_out")
+    routing.add_argument("--report", dest="report_dir", help="also write DIR/report.md with PNG plots")
+    routing.add_argument("--num-prompts", type=int, default=300)
+    routing.add_argument("--small", default="default", help="small tier's model (source name or path)")
+    routing.add_argument("--large", default="qwen", help="large tier's model (source name or path)")
+    routing.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    routing.add_argument("--probe-tokens", type=int, default=8, help="K: the cascade's held-back tokens")
+    routing.add_argument("--signal", choices=["mean_logprob", "mean_entropy"], default="mean_logprob",
+                         help="the cascade's confidence signal")
+    routing.add_argument("--max-prompt-tokens", type=int, default=512, help="skip longer templated prompts "
+                                                                            "(small tier's tokens)")
+    routing.add_argument("--max-reference-tokens", type=int, default=256, help="cut longer reference answers")
+    routing.add_argument("--min-reference-tokens", type=int, default=8, help="skip shorter reference answers")
+    routing.add_argument("--slice", choices=["heldout", "tuning"], default="heldout", dest="slice_name",
+                         help="heldout: records 15,000+ (the judged run); tuning: 10,000-12,000 (choose thresholds)")
+    routing.add_argument("--seed", type=int, default=0, help="the sampled random router")
+    routing.add_argument("--speed-batch", type=int, default=32, help="batch of the throughput (cost) measurement")
+    routing.add_argument("--speed-decode-tokens", type=int, default=32)
+    routing.add_argument("--speed-rounds", type=int, default=2, help="alternating small/large throughput rounds "
+                                                                     "(each tier's best is kept)")
+    routing.add_argument("--latency-prompts", type=int, default=8, help="prompts timed one at a time")
+    routing.add_argument("--latency-tokens", type=int, default=24, help="tokens of each timed request (>= K)")
+    routing.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
+    routing.set_defaults(run=_bench_routing)
 
 
 def _bench_decode(args: argparse.Namespace) -> int:
@@ -143,3 +182,44 @@ def _bench_ladder(args: argparse.Namespace) -> int:
         raise UsageError("--latency-requests must lie in [1, --num-requests]")
     return run_ladder_bench(args.json_out, args.num_requests, args.latency_requests, args.max_tokens,
                             args.kv_cache_mib, args.group_size, args.threads)
+
+
+def _bench_soak(args: argparse.Namespace) -> int:
+    from bench.serving.soak import run_soak_bench
+    if args.minutes <= 0 or not 0 < args.load <= 1 or args.capacity_seconds <= 0 or args.window_seconds <= 0:
+        raise UsageError("--minutes, --capacity-seconds and --window-seconds must be positive, --load in (0, 1]")
+    if args.concurrency < 1 or args.pool_size < 1 or args.max_tokens < 1 or args.max_prompt_tokens < 1:
+        raise UsageError("--concurrency, --pool-size, --max-tokens and --max-prompt-tokens must be >= 1")
+    if args.window_seconds * 3 > args.minutes * 60:
+        raise UsageError("the measured period must hold at least three windows (--minutes vs --window-seconds)")
+    return run_soak_bench(args.json_out, args.config, args.minutes, args.load, args.concurrency,
+                          args.capacity_seconds, args.window_seconds, args.pool_size, args.max_prompt_tokens,
+                          args.max_tokens, args.seed)
+
+
+def _bench_routing(args: argparse.Namespace) -> int:
+    from bench.routing.runner import RoutingOptions, run_routing_bench
+    from bench.routing.workload import WorkloadCaps, WorkloadError
+    if min(args.num_prompts, args.probe_tokens, args.speed_batch, args.speed_decode_tokens, args.speed_rounds,
+           args.latency_prompts) < 1:
+        raise UsageError("--num-prompts, --probe-tokens, --speed-batch, --speed-decode-tokens, --speed-rounds and "
+                         "--latency-prompts must be >= 1")
+    if args.latency_tokens < max(2, args.probe_tokens):
+        raise UsageError("--latency-tokens must be >= 2 and >= --probe-tokens")
+    if not 1 <= args.min_reference_tokens <= args.max_reference_tokens or args.max_prompt_tokens < 1:
+        raise UsageError("need 1 <= --min-reference-tokens <= --max-reference-tokens and --max-prompt-tokens >= 1")
+    if args.threads is not None:
+        if args.threads < 1:
+            raise UsageError("--threads must be >= 1")
+        import torch
+        torch.set_num_threads(args.threads)
+    caps = WorkloadCaps(args.max_prompt_tokens, args.max_reference_tokens, args.min_reference_tokens)
+    options = RoutingOptions(num_prompts=args.num_prompts, small=args.small, large=args.large, dtype=args.dtype,
+                             probe_tokens=args.probe_tokens, signal=args.signal, caps=caps, slice_name=args.slice_name,
+                             seed=args.seed, speed_batch=args.speed_batch, speed_decode_tokens=args.speed_decode_tokens,
+                             speed_rounds=args.speed_rounds,
+                             latency_prompts=args.latency_prompts, latency_tokens=args.latency_tokens)
+    try:
+        return run_routing_bench(args.json_out, args.report_dir, options)
+    except WorkloadError as exc:
+        raise UsageError(str(exc)) from None

