@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from typing import Any
 
@@ -25,6 +26,12 @@ def _raise(message: str):
     raise ChatTemplateError(message)
 
 
+def _tojson(value: Any, ensure_ascii: bool = False, indent=None, separators=None, sort_keys: bool = False) -> str:
+    # transformers' filter, not jinja's: jinja's sorts keys and escapes HTML, so a tool schema
+    # (Qwen's template prints `tools | tojson`) would read differently from what the model was tuned on.
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
 class ChatTemplate:
     def __init__(self, source: str | None, bos_token: str | None = None, eos_token: str | None = None):
         self.source = source or CHATML_TEMPLATE
@@ -32,6 +39,7 @@ class ChatTemplate:
         self.eos_token = eos_token or ""
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
         env.globals["raise_exception"] = _raise
+        env.filters["tojson"] = _tojson
         env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
         try:
             self._template = env.from_string(self.source)

@@ -11,8 +11,8 @@ import torch
 
 from engines.chat_template import ChatTemplate
 from engines.errors import ModelLoadError
-from engines.loaders.default_model import default_gguf_path
-from engines.loaders.gguf_cache import materialize_gguf
+from engines.loaders.bundled_models import bundled_gguf_path, bundled_model
+from engines.loaders.gguf_cache import default_cache_root, materialize_gguf
 from engines.loaders.hf_awq import awq_group_size, install_awq_linears
 from engines.loaders.hf_checkpoint import open_hf_checkpoint
 from engines.loaders.hf_fp8 import fp8_checkpoint_method, install_fp8_linears
@@ -93,13 +93,22 @@ def move_model(model: LlamaForCausalLM, device: torch.device) -> None:
     model.pack_weights()                      # oneDNN packs on CPU, the plain weight elsewhere
 
 
-def resolve_checkpoint_dir(source: str | Path | None, cache_root: Path | None = None) -> Path:
-    """None -> the bundled default GGUF; a .gguf file -> its cached conversion; else an HF dir."""
-    if source is None or str(source) == "default":
-        return materialize_gguf(default_gguf_path(), cache_root)
+def gguf_source_path(source: str | Path | None, cache_root: Path | None = None) -> Path | None:
+    """The GGUF file behind `source`: a bundled model's name (None and "default" are SmolLM2;
+    "qwen" ...: engines/loaders/bundled_models.py) or a .gguf path. None for a directory."""
+    bundled = bundled_model(source) if source is None or isinstance(source, str) else None
+    if bundled is not None:
+        return bundled_gguf_path(bundled, cache_root or default_cache_root())
     path = Path(source).expanduser()
-    if path.suffix == ".gguf" or path.is_file():
-        return materialize_gguf(path, cache_root)
+    return path if path.suffix == ".gguf" or path.is_file() else None
+
+
+def resolve_checkpoint_dir(source: str | Path | None, cache_root: Path | None = None) -> Path:
+    """A bundled model's name or a .gguf file -> the GGUF's cached HF-layout conversion; else an HF dir."""
+    gguf_path = gguf_source_path(source, cache_root)
+    if gguf_path is not None:
+        return materialize_gguf(gguf_path, cache_root)
+    path = Path(source).expanduser()
     if not path.exists():
         raise ModelLoadError(f"model path not found: {path}")
     return path

@@ -71,7 +71,7 @@ class AttentionOps:
         """The shapes the 16-lane C++ kernel is instantiated for (others use the reference)."""
         d, g = q.shape[-1], q.shape[1] // k_pool.shape[0]
         return (k_pool.shape[3] == 16 and q.dtype in (torch.float32, torch.bfloat16) and d in (64, 128)
-                and g in (1, 2, 3, 4, 8) and not (d == 128 and g == 3))
+                and (g in (1, 2, 3, 4, 8) or (d, g) == (64, 7)) and not (d == 128 and g == 3))  # 7: Qwen2.5 14/2 heads
 
 
 def _triton_attention_ops():

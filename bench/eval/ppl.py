@@ -14,8 +14,9 @@ from rich.table import Table
 from engines.attention.contiguous import ContiguousAttention
 from engines.attention.paged import build_step_metadata
 from engines.engine_config import EngineConfig
+from engines.errors import ModelLoadError
 from engines.llm_engine import LLMEngine
-from engines.loaded_model import load_model
+from engines.loaded_model import gguf_source_path, load_model
 from engines.quantization import weight_bytes
 from engines.sampling_params import SamplingParams
 from engines.sequence import Sequence
@@ -23,20 +24,31 @@ from bench.common import machine_info, write_json
 from bench.datasets.sharegpt import calibration_source
 from bench.eval.heldout import HELDOUT_START, VALIDATION_START, heldout_sequences
 from engines.quantization.build import quantize_loaded
+from engines.quantization.gguf_int4 import install_gguf_int4
 
 DEFAULT_VARIANTS = ("fp32", "bf16", "int8", "int4-rtn-g64", "int4-rtn-g128", "int4-awq-g64", "int4-awq-g128", "fp8",
                     "kv-bf16", "kv-int8", "kv-fp8", "kv-int4")
-# Selectable with --quant, left out of the default run (7 more minutes, not better than AWQ here).
-ALL_VARIANTS = (*DEFAULT_VARIANTS, "int4-gptq-g64", "int4-gptq-g128")
+# Selectable with --quant, left out of the default run: GPTQ (7 more minutes, not better than AWQ on
+# SmolLM2), and for a GGUF with Q4_K tensors (--model qwen) INT4 as loaded: the file's own Q4_K
+# nibbles, the other linears int8 (int4-gguf) or INT4 RTN g32 (int4-gguf-rtn).
+ALL_VARIANTS = (*DEFAULT_VARIANTS, "int4-gptq-g64", "int4-gptq-g128", "int4-gguf", "int4-gguf-rtn")
 # KV variants: bf16 weights, logits computed through the paged KV pool of that dtype.
 KV_VARIANTS = {"kv-bf16": None, "kv-int8": "int8", "kv-fp8": "fp8", "kv-int4": "int4"}
 DECODE_BATCHES = (1, 8, 32)
 
 
-def _load_variant(name: str):
+def _load_variant(name: str, model: str = "default"):
     if name in ("fp32", "bf16") or name in KV_VARIANTS:
-        return load_model("default", "float32" if name == "fp32" else "bfloat16")
-    loaded = load_model("default", "bfloat16")
+        return load_model(model, "float32" if name == "fp32" else "bfloat16")
+    loaded = load_model(model, "bfloat16")
+    if name.startswith("int4-gguf"):
+        gguf_path = gguf_source_path(model)
+        if gguf_path is None:
+            raise ModelLoadError(f"{name} needs a GGUF model, not {model!r}")
+        linears = install_gguf_int4(loaded.model, gguf_path, "int4-rtn" if name == "int4-gguf-rtn" else "int8")
+        if not linears["q4k"]:
+            raise ModelLoadError(f"{model!r} has no Q4_K decoder tensors: {name} would not load any INT4 as stored")
+        return loaded
     method, _, group = name.rpartition("-g") if name.startswith("int4") else (name, "", "128")
     quantize_loaded(loaded, method, int(group), calibration_source())
     return loaded
@@ -105,16 +117,17 @@ def _evaluate(name: str, loaded, sequences: list[list[int]], ref_top1: list[torc
 
 
 def run_ppl_eval(json_out: str, variants: list[str], n_sequences: int, validation: bool = False,
-                 speed: bool = True) -> int:
+                 speed: bool = True, model: str = "default") -> int:
     """validation: the tuning slice (records 8,000+) instead of the held-out one; speed: measure
-    decode tokens/s (most of the run time; null when off)."""
+    decode tokens/s (most of the run time; null when off); model: a bundled model's name
+    ("default" SmolLM2, "qwen"), a .gguf file or an HF directory."""
     console = Console(stderr=True)
     started = time.perf_counter()
-    reference = load_model("default", "float32")
+    reference = load_model(model, "float32")
     sequences = heldout_sequences(reference.tokenizer, reference.chat_template, n=n_sequences,
                                   start=VALIDATION_START if validation else HELDOUT_START)
     ref_top1 = [_logits(reference.model, ids)[:-1].argmax(-1) for ids in sequences]
-    report = {"benchmark": "ppl", "machine": machine_info(),
+    report = {"benchmark": "ppl", "machine": machine_info(), "model": model,
               "workload": {"sequences": len(sequences), "tokens": sum(len(s) for s in sequences),
                            "source": f"ShareGPT V3 {'validation' if validation else 'held-out'} records (index >= "
                                      f"{VALIDATION_START if validation else HELDOUT_START}), first exchange, "
@@ -125,7 +138,7 @@ def run_ppl_eval(json_out: str, variants: list[str], n_sequences: int, validatio
     for i, name in enumerate(variants, 1):
         t0 = time.perf_counter()
         console.log(f"[{i}/{len(variants)}] {name}: loading")
-        loaded = reference if name == "fp32" else _load_variant(name)
+        loaded = reference if name == "fp32" else _load_variant(name, model)
         console.log(f"[{i}/{len(variants)}] {name}: perplexity and decode speed")
         report["variants"][name] = entry = _evaluate(name, loaded, sequences, ref_top1, speed)
         console.log(f"[{i}/{len(variants)}] {name}: ppl {entry['perplexity']:.3f}, "
@@ -153,7 +166,7 @@ def _add_ratios(variants: dict) -> None:
 
 
 def _table(report: dict, n: int) -> Table:
-    table = Table(title=f"held-out perplexity ({n} conversations)")
+    table = Table(title=f"{report['model']}: held-out perplexity ({n} conversations)")
     for col in ("variant", "ppl", "vs fp32", "top-1 agree", "weights MB", "KV B/token",
                 *(f"tok/s b{b}" for b in DECODE_BATCHES)):
         table.add_column(col)

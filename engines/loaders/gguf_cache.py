@@ -14,6 +14,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from safetensors import safe_open
 from safetensors.torch import save_file
 
 from engines.errors import ModelLoadError
@@ -36,6 +37,20 @@ def cache_key(gguf_path: Path) -> str:
     stat = gguf_path.stat()
     ident = f"{gguf_path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|v{CONVERTER_VERSION}"
     return hashlib.sha256(ident.encode()).hexdigest()[:16]
+
+
+def converted_from(checkpoint_dir: Path) -> Path | None:
+    """The GGUF file a cached conversion was made from (its safetensors metadata records it),
+    None for any other directory or when that file is gone."""
+    file = checkpoint_dir / "model.safetensors"
+    if not file.is_file():
+        return None
+    try:
+        with safe_open(str(file), "pt") as handle:
+            source = (handle.metadata() or {}).get("source")
+    except Exception:  # noqa: BLE001 - an unreadable file is "not a conversion" here; loading reports it
+        return None
+    return Path(source) if source and Path(source).is_file() else None
 
 
 def materialize_gguf(gguf_path: Path, cache_root: Path | None = None, progress: bool = True) -> Path:

@@ -1,7 +1,8 @@
 """Read a llama.cpp GGUF file into Hugging Face layout: config, fp32 tensors, tokenizer.
 
-Quantized blocks (Q4_1, Q8_0, ...) are dequantized with `gguf.quants`, and the Q/K rows,
-permuted by llama.cpp for its interleaved RoPE, are put back in rotate-half order.
+Quantized blocks (Q4_1, Q4_K, Q8_0, ...) are dequantized with `gguf.quants`, and where
+llama.cpp permuted the Q/K rows for its interleaved RoPE (llama, not qwen2: see the
+architecture table in engines/model_config.py) they are put back in rotate-half order.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from tqdm import tqdm
 
 from engines.errors import ModelLoadError
 from engines.loaders.gguf_tokenizer import build_gguf_tokenizer
-from engines.model_config import ModelConfig, RopeScaling
+from engines.model_config import ARCHITECTURES, Architecture, ModelConfig, RopeScaling
 
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -46,6 +47,48 @@ class GGUFContents:
     tokenizer_config: dict[str, Any]
 
 
+@dataclass(frozen=True)
+class TensorPlace:
+    """Where a GGUF tensor goes: its HF name, and whether llama.cpp reordered its rows."""
+    hf: str
+    unpermute_heads: int | None = None     # Q/K of a permuting architecture: the head count
+
+    def row_order(self, rows: int) -> torch.Tensor | None:
+        """Indices taking the file's rows to ours (new[i] = old[order[i]]), None if the same."""
+        return None if self.unpermute_heads is None else _unpermute(torch.arange(rows), self.unpermute_heads)
+
+
+def gguf_decoder_names(reader, path: Path) -> dict[str, TensorPlace]:
+    """GGUF tensor name -> TensorPlace, for every tensor our model reads (`reader`: of `path`)."""
+    # The vocabulary's arrays are large and not needed here (the token list only ever stands in
+    # for a missing vocab_size, which the shapes do not need).
+    meta = {name: _field_value(field) for name, field in reader.fields.items()
+            if not name.startswith("tokenizer.ggml.")}
+    meta["tokenizer.ggml.tokens"] = ()
+    arch = _architecture(meta, path)
+    return _places(reader, arch, _config(meta, reader, arch))
+
+
+def _architecture(meta: dict[str, Any], path) -> Architecture:
+    arch_name = meta.get("general.architecture")
+    if arch_name not in ARCHITECTURES:
+        raise ModelLoadError(f"{path}: GGUF architecture {arch_name!r} is not supported "
+                             f"(expected one of {sorted(ARCHITECTURES)})")
+    return ARCHITECTURES[arch_name]
+
+
+def _places(reader, arch: Architecture, config: ModelConfig) -> dict[str, TensorPlace]:
+    heads = {"q_proj.weight": config.num_attention_heads, "k_proj.weight": config.num_key_value_heads}
+    out = {}
+    for t in reader.tensors:
+        name = _hf_name(t.name)
+        if name is None:
+            continue
+        permuted = next((n for suffix, n in heads.items() if name.endswith(suffix)), None)
+        out[t.name] = TensorPlace(name, permuted if arch.gguf_permuted_qk else None)
+    return out
+
+
 def read_gguf(path: Path, progress: bool = True) -> GGUFContents:
     import gguf  # heavy import, only needed on a cache miss
 
@@ -54,25 +97,21 @@ def read_gguf(path: Path, progress: bool = True) -> GGUFContents:
     except Exception as exc:  # the gguf package raises bare ValueError/struct errors
         raise ModelLoadError(f"{path} is not a readable GGUF file ({type(exc).__name__}: {exc})") from None
     meta = {name: _field_value(field) for name, field in reader.fields.items()}
-    arch = meta.get("general.architecture")
-    if arch != "llama":
-        raise ModelLoadError(f"{path}: GGUF architecture {arch!r} is not supported (expected 'llama')")
-    config = _config(meta, reader)
+    arch = _architecture(meta, path)
+    config = _config(meta, reader, arch)
+    places = _places(reader, arch, config)
     tensors = {}
     for t in tqdm(reader.tensors, desc="dequantizing GGUF", unit="tensor", disable=not progress, leave=False):
-        name = _hf_name(t.name)
-        if name is None:
+        place = places.get(t.name)
+        if place is None:
             continue
         try:
             array = gguf.quants.dequantize(t.data, t.tensor_type)
         except NotImplementedError:
             raise ModelLoadError(f"{path}: tensor {t.name} uses unsupported type {t.tensor_type.name}") from None
         weight = torch.from_numpy(np.array(array, dtype=np.float32, copy=True))
-        if name.endswith("q_proj.weight"):
-            weight = _unpermute(weight, config.num_attention_heads)
-        elif name.endswith("k_proj.weight"):
-            weight = _unpermute(weight, config.num_key_value_heads)
-        tensors[name] = weight
+        order = place.row_order(weight.shape[0])
+        tensors[place.hf] = weight if order is None else weight[order].contiguous()
     tokenizer = build_gguf_tokenizer(
         meta.get("tokenizer.ggml.model", "gpt2"),
         meta.get("tokenizer.ggml.pre", "default"),
@@ -91,31 +130,34 @@ def read_gguf(path: Path, progress: bool = True) -> GGUFContents:
     return GGUFContents(config, tensors, tokenizer.to_str(), tok_cfg)
 
 
-def _config(meta: dict[str, Any], reader) -> ModelConfig:
+def _config(meta: dict[str, Any], reader, arch: Architecture) -> ModelConfig:
+    p = arch.gguf_prefix
     try:
-        heads = int(meta["llama.attention.head_count"])
-        hidden = int(meta["llama.embedding_length"])
-        rope_type = meta.get("llama.rope.scaling.type", "none")
+        heads = int(meta[f"{p}.attention.head_count"])
+        hidden = int(meta[f"{p}.embedding_length"])
+        rope_type = meta.get(f"{p}.rope.scaling.type", "none")
         scaling = RopeScaling()
         if rope_type == "linear":
-            scaling = RopeScaling(rope_type="linear", factor=float(meta["llama.rope.scaling.factor"]))
+            scaling = RopeScaling(rope_type="linear", factor=float(meta[f"{p}.rope.scaling.factor"]))
         names = {t.name for t in reader.tensors}
         return ModelConfig(
-            vocab_size=int(meta.get("llama.vocab_size") or len(meta["tokenizer.ggml.tokens"])),
+            vocab_size=int(meta.get(f"{p}.vocab_size") or len(meta["tokenizer.ggml.tokens"])),
             hidden_size=hidden,
-            intermediate_size=int(meta["llama.feed_forward_length"]),
-            num_hidden_layers=int(meta["llama.block_count"]),
+            intermediate_size=int(meta[f"{p}.feed_forward_length"]),
+            num_hidden_layers=int(meta[f"{p}.block_count"]),
             num_attention_heads=heads,
-            num_key_value_heads=int(meta.get("llama.attention.head_count_kv", heads)),
-            head_dim=int(meta.get("llama.rope.dimension_count", hidden // heads)),
-            rms_norm_eps=float(meta.get("llama.attention.layer_norm_rms_epsilon", 1e-5)),
-            rope_theta=float(meta.get("llama.rope.freq_base", 10000.0)),
+            num_key_value_heads=int(meta.get(f"{p}.attention.head_count_kv", heads)),
+            head_dim=int(meta.get(f"{p}.rope.dimension_count", hidden // heads)),
+            rms_norm_eps=float(meta.get(f"{p}.attention.layer_norm_rms_epsilon", 1e-5)),
+            rope_theta=float(meta.get(f"{p}.rope.freq_base", 10000.0)),
             rope_scaling=scaling,
-            max_position_embeddings=int(meta.get("llama.context_length", 4096)),
+            max_position_embeddings=int(meta.get(f"{p}.context_length", 4096)),
             tie_word_embeddings="output.weight" not in names,
-            attention_bias="blk.0.attn_q.bias" in names,
+            # Where the architecture leaves a bias open, the file's tensors say (as HF's attention_bias).
+            **arch.biases("blk.0.attn_q.bias" in names, "blk.0.ffn_up.bias" in names),
             bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
             eos_token_id=meta.get("tokenizer.ggml.eos_token_id"),
+            architecture=arch.name,
         )
     except KeyError as exc:
         raise ModelLoadError(f"GGUF metadata lacks {exc.args[0]!r}") from None

@@ -9,22 +9,33 @@ from engines.errors import ModelLoadError
 # GGUF token types (llama.cpp's llama_token_type).
 _CONTROL, _USER_DEFINED = 3, 4
 
+# The split regexes llama.cpp and transformers use for each `tokenizer.ggml.pre` (the merges were
+# learned on text split this way). Llama 3 groups digits by three, Qwen2 splits them one by one.
 _LLAMA3_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+_QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_SPLIT_REGEXES = {
+    "llama-bpe": _LLAMA3_SPLIT, "llama3": _LLAMA3_SPLIT, "smaug-bpe": _LLAMA3_SPLIT,
+    "qwen2": _QWEN2_SPLIT, "deepseek-r1-qwen": _QWEN2_SPLIT,
+}
+# GPT-2's own regex inside ByteLevel; the StarCoder family splits digits one by one first.
+_GPT2_STYLE = {"default": False, "gpt-2": False, "gpt2": False, "smollm": True, "starcoder": True, "refact": True}
 
 
 def _pre_tokenizer(pre: str):
-    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    if pre in ("smollm", "starcoder", "refact"):
-        return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
-    if pre in ("default", "gpt-2", "gpt2"):
-        return byte_level
-    if pre in ("llama-bpe", "llama3", "smaug-bpe"):
+    if pre in _SPLIT_REGEXES:
         return pre_tokenizers.Sequence([
-            pre_tokenizers.Split(Regex(_LLAMA3_SPLIT), behavior="isolated", invert=False),
+            pre_tokenizers.Split(Regex(_SPLIT_REGEXES[pre]), behavior="isolated", invert=False),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
         ])
+    if pre in _GPT2_STYLE:
+        byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+        if _GPT2_STYLE[pre]:
+            return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+        return byte_level
     raise ModelLoadError(f"unsupported GGUF tokenizer pre-tokenizer {pre!r}")
 
 

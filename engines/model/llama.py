@@ -1,4 +1,5 @@
-"""The Llama-family decoder over a flat batch of tokens.
+"""The Llama-family decoder (Llama, Mistral, Qwen2: see engines/model_config.py's ARCHITECTURES)
+over a flat batch of tokens.
 
 The model sees one step as flat tensors (token ids, positions) and leaves K/V storage to
 an attention backend, so batching and paging never reach this file.
@@ -24,8 +25,8 @@ class Attention(nn.Module):
         self.n_kv = cfg.num_key_value_heads
         self.head_dim = cfg.head_dim
         self.q_size, self.kv_size = cfg.q_size, cfg.kv_size
-        self.qkv_proj = Linear(cfg.hidden_size, cfg.q_size + 2 * cfg.kv_size, cfg.attention_bias, dtype)
-        self.o_proj = Linear(cfg.q_size, cfg.hidden_size, cfg.attention_bias, dtype)
+        self.qkv_proj = Linear(cfg.hidden_size, cfg.q_size + 2 * cfg.kv_size, cfg.qkv_bias, dtype)
+        self.o_proj = Linear(cfg.q_size, cfg.hidden_size, cfg.o_proj_bias, dtype)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttentionBackend):
         t = x.shape[0]

@@ -26,6 +26,7 @@ from engines.quantization.int8 import Int8Linear
 QCONFIG_NAME = "quantization_config.json"
 FORMAT_VERSION = 1
 _QUANTIZED = (Int8Linear, Int4Linear, Fp8Linear)
+_KIND_OF = {Int8Linear: "int8", Int4Linear: "int4", Fp8Linear: "fp8"}
 
 
 def is_quantized_dir(path: Path) -> bool:
@@ -36,11 +37,13 @@ def save_artifact(model: LlamaForCausalLM, source_dir: Path, out_dir: Path, meth
                   extra: dict | None = None) -> None:
     tensors: dict[str, torch.Tensor] = {}
     modules = []
+    kinds: dict[str, str] = {}     # per module: a mixed artifact (int4-gguf: INT4 and INT8) says which
     for name, module in model.named_modules():
         if isinstance(module, _QUANTIZED):
             if module.portable is None:
                 raise ValueError(f"{name} was loaded from an artifact and cannot be re-saved")
             modules.append(name)
+            kinds[name] = _KIND_OF[type(module)]
             for key, value in module.portable.items():
                 tensors[f"{name}.{key}"] = value.contiguous()
     for name, param in model.named_parameters():
@@ -52,6 +55,8 @@ def save_artifact(model: LlamaForCausalLM, source_dir: Path, out_dir: Path, meth
             shutil.copy(source_dir / name, out_dir / name)
     qconfig = {"format_version": FORMAT_VERSION, "method": method, "group_size": group_size,
                "dtype": str(model.dtype).removeprefix("torch."), "modules": modules, **(extra or {})}
+    if len(set(kinds.values())) > 1:
+        qconfig["module_kinds"] = kinds
     (out_dir / QCONFIG_NAME).write_text(json.dumps(qconfig, indent=2))
 
 
@@ -75,21 +80,23 @@ def load_artifact_into(model: LlamaForCausalLM, path: Path, keep_portable: bool 
     except Exception as exc:  # noqa: BLE001 - safetensors raises several types for corrupt files
         raise ModelLoadError(f"{path / 'model.safetensors'} is not readable ({exc})") from None
     method, group = qconfig["method"], qconfig["group_size"]
+    kinds = qconfig.get("module_kinds") or {}
     for name in qconfig["modules"]:
         parent_name, _, attr = name.rpartition(".")
         old = model.get_submodule(name)
         if not isinstance(old, Linear):
             raise ModelLoadError(f"{path}: {name} is not a linear layer of this model")
         bias = tensors.get(f"{name}.bias")
-        if method == "int8":
+        kind = kinds.get(name) or ("int4" if method.startswith("int4") else method)
+        if kind == "int8":
             new = Int8Linear(None, bias, q=tensors[f"{name}.qweight"], scales=tensors[f"{name}.scales"])
-        elif method.startswith("int4"):
+        elif kind == "int4":
             q = unpack_nibbles(tensors[f"{name}.q"])
             new = Int4Linear(None, bias, group, q, tensors[f"{name}.scales"], tensors[f"{name}.zeros"],
                              in_features=old.in_features)
             if not keep_portable:
                 new.portable = None  # the CPU op serves from its own pack: no second copy
-        elif method == "fp8":
+        elif kind == "fp8":
             new = Fp8Linear(None, bias, q=tensors[f"{name}.qweight"], scales=tensors[f"{name}.weight_scale"])
         else:
             raise ModelLoadError(f"{path}: unknown quantization method {method!r}")

@@ -14,6 +14,7 @@ from engines.loaders.gguf_cache import default_cache_root
 from engines.quantization.artifact import is_quantized_dir
 from engines.quantization.build import method_settings, quantize_to_dir
 from engines.quantization.calibration import CalibrationSource
+from engines.quantization.methods import effective_group_size
 
 log = logging.getLogger(__name__)
 
@@ -22,6 +23,7 @@ def artifact_dir(source: str, method: str, group_size: int, cache_root: Path | N
                  calibration: CalibrationSource | None = None) -> Path:
     """Where the cached artifact of (source, method, group, the method's settings) lives."""
     src_dir = resolve_checkpoint_dir(source, cache_root)
+    group_size = effective_group_size(method, group_size)
     settings = json.dumps(method_settings(method, calibration), sort_keys=True)
     key = hashlib.sha256(f"{src_dir.resolve()}|{method}|{group_size}|{settings}".encode()).hexdigest()[:12]
     return (cache_root or default_cache_root()) / "quantized" / f"{src_dir.name}-{method}-g{group_size}-{key}"

@@ -68,8 +68,9 @@ def serve(config_path: str, host: str | None, port: int | None) -> int:
     if not cfg.auth.enabled and not is_loopback(host):
         raise UsageError(f"auth is off in {config_path}: serving without API keys is allowed on loopback only, "
                          f"not on {host}")
+    from engines.loaders.bundled_models import bundled_model
     for name, tier in cfg.tiers.items():
-        if getattr(tier, "kind", None) == "embedded" and tier.model != "default":
+        if getattr(tier, "kind", None) == "embedded" and bundled_model(tier.model) is None:
             from pathlib import Path
             if not Path(tier.model).expanduser().exists():
                 raise UsageError(f"tier {name}: model path not found: {tier.model}")

@@ -51,11 +51,13 @@ def _build_parser() -> argparse.ArgumentParser:
     ppl.add_argument("--quant", action="append", dest="variants",
                      help="variant to evaluate (repeatable): fp32, bf16, int8, int4-rtn-g64, int4-rtn-g128, "
                           "int4-awq-g64, int4-awq-g128, int4-gptq-g64, int4-gptq-g128, fp8, kv-bf16, kv-int8, "
-                          "kv-fp8, kv-int4")
+                          "kv-fp8, kv-int4, int4-gguf, int4-gguf-rtn (the last two: a GGUF's own Q4_K blocks)")
     ppl.add_argument("--sequences", type=int, default=24)
     ppl.add_argument("--validation", action="store_true",
                      help="the tuning slice (records 8,000+) instead of the held-out one (12,000+)")
     ppl.add_argument("--no-speed", action="store_true", help="skip the decode tokens/s figures (most of the time)")
+    ppl.add_argument("--model", default="default",
+                     help="'default' (SmolLM2), 'qwen' (Qwen2.5-Coder-0.5B), a .gguf file or an HF directory")
 
     hk = sub.add_parser("hash-key", help="print the SHA-256 digest of an API key, for auth.keys[].sha256")
     hk.add_argument("key")
@@ -122,7 +124,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         if unknown:
             raise UsageError(f"unknown variant(s) {unknown}; choose from {list(ALL_VARIANTS)}")
         return run_ppl_eval(args.json_out, variants, args.sequences, validation=args.validation,
-                            speed=not args.no_speed)
+                            speed=not args.no_speed, model=args.model)
     if args.command == "hash-key":
         from policies.config import hash_api_key
         print(hash_api_key(args.key))

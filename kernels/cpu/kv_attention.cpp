@@ -18,7 +18,7 @@ bool attention_quantized_dispatch(const QT* q, const ST* k, const ST* v, const a
                                            max_blocks, scale);                                           \
     return true;                                                                                         \
   }
-  TG_Q(64, 1) TG_Q(64, 2) TG_Q(64, 3) TG_Q(64, 4) TG_Q(64, 8)
+  TG_Q(64, 1) TG_Q(64, 2) TG_Q(64, 3) TG_Q(64, 4) TG_Q(64, 7) TG_Q(64, 8)
   TG_Q(128, 1) TG_Q(128, 2) TG_Q(128, 4) TG_Q(128, 8)
 #undef TG_Q
   return false;

@@ -42,7 +42,7 @@ void attention_dispatch(const QT* q, const ST* k, const ST* v, const int64_t* ta
       attention_kernel_bf16dp<DIM_, G_>(q, k, v, tables, seqs, lens, out, B, Hq, Hkv, NB, max_blocks, scale);  \
       return;                                                                                                  \
     }
-    TG_DP(64, 1) TG_DP(64, 2) TG_DP(64, 3) TG_DP(64, 4) TG_DP(64, 8)
+    TG_DP(64, 1) TG_DP(64, 2) TG_DP(64, 3) TG_DP(64, 4) TG_DP(64, 7) TG_DP(64, 8)
     TG_DP(128, 1) TG_DP(128, 2) TG_DP(128, 4) TG_DP(128, 8)
 #undef TG_DP
   }
@@ -53,7 +53,7 @@ void attention_dispatch(const QT* q, const ST* k, const ST* v, const int64_t* ta
                                            max_blocks, scale);                                                \
     return;                                                                                           \
   }
-  TG_V16(64, 1) TG_V16(64, 2) TG_V16(64, 3) TG_V16(64, 4) TG_V16(64, 8)
+  TG_V16(64, 1) TG_V16(64, 2) TG_V16(64, 3) TG_V16(64, 4) TG_V16(64, 7) TG_V16(64, 8)
   TG_V16(128, 1) TG_V16(128, 2) TG_V16(128, 4) TG_V16(128, 8)
 #undef TG_V16
   attention_kernel<QT, ST>(q, k, v, tables, seqs, lens, out, B, Hq, Hkv, NB, BS, D, max_blocks, scale, P);

@@ -1,6 +1,7 @@
-"""The batching engine on the real model in fp32: batched == alone, preemption, no block
-leaks, prefix cache hits, stop strings, aborts; and the bf16 paged-attention path against the
-contiguous one (the quantized KV caches, int8 included, are in tests/unit/test_quantization_kv.py)."""
+"""The batching engine on the real model in fp32: batched == alone and prefix-cache hits on both
+bundled models (SmolLM2, Qwen2.5-Coder); on SmolLM2 preemption, no block leaks, stop strings,
+aborts, and the bf16 paged-attention path against the contiguous one (the quantized KV caches,
+int8 included, are in tests/unit/test_quantization_kv.py; Qwen's own in test_qwen_engine.py)."""
 
 from __future__ import annotations
 
@@ -29,12 +30,28 @@ def _prompts(loaded):
     return [loaded.tokenizer.encode(loaded.chat_template.render([{"role": "user", "content": q}])) for q in QUESTIONS]
 
 
+def _alone(loaded) -> list[list[int]]:
+    """Each prompt generated alone by the single-sequence path (greedy)."""
+    eos = loaded.tokenizer.eos_token_ids
+    return [list(generate_tokens(loaded.model, p, SimpleSampling(max_tokens=MAX_TOKENS), eos))
+            for p in _prompts(loaded)]
+
+
 @pytest.fixture(scope="module")
 def reference(real_fp32):
-    """Each prompt generated alone by the single-sequence path (greedy)."""
-    eos = real_fp32.tokenizer.eos_token_ids
-    return [list(generate_tokens(real_fp32.model, p, SimpleSampling(max_tokens=MAX_TOKENS), eos))
-            for p in _prompts(real_fp32)]
+    return _alone(real_fp32)
+
+
+# The checks whose outcome depends on the model (its shapes, GQA group, biases) run on both bundled
+# models: SmolLM2 (llama, 9/3 heads) and Qwen2.5-Coder (qwen2, 14/2 heads); the rest on SmolLM2.
+BUNDLED = {"default": "real_fp32", "qwen": "qwen_fp32"}
+
+
+@pytest.fixture(scope="module", params=list(BUNDLED))
+def bundled(request):
+    """(model, its single-sequence greedy outputs) for each bundled model."""
+    loaded = request.getfixturevalue(BUNDLED[request.param])
+    return loaded, _alone(loaded) if request.param != "default" else request.getfixturevalue("reference")
 
 
 def _engine(loaded, **overrides) -> LLMEngine:
@@ -49,10 +66,12 @@ def _assert_no_leak(engine: LLMEngine) -> None:
     assert bm.num_free_blocks == bm.num_blocks
 
 
-def test_sixteen_prompts_together_equal_each_alone(real_fp32, reference):
-    prompts = _prompts(real_fp32)
+def test_sixteen_prompts_together_equal_each_alone(bundled):
+    loaded, reference = bundled
+    prompts = _prompts(loaded)
     assert len({len(p) for p in prompts}) > 8 and max(len(p) for p in prompts) > 256  # mixed, one is chunked
-    engine = _engine(real_fp32)
+    engine = _engine(loaded)
+    assert engine.runner.attn.ops.name == "cpu-cpp"         # the C++ kernels, not the torch reference
     outputs = engine.generate(prompts, SamplingParams(max_tokens=MAX_TOKENS, temperature=0))
     assert outputs == reference
     assert engine.stats.preemptions == 0
@@ -88,15 +107,16 @@ def test_aborts_free_blocks_at_once(real_fp32):
     _assert_no_leak(engine)
 
 
-def test_shared_system_prompt_hits_the_prefix_cache(real_fp32):
+def test_shared_system_prompt_hits_the_prefix_cache(bundled):
+    loaded, _ = bundled
     system = "You are a meticulous assistant. " + " ".join(f"Rule {i}: answer precisely and briefly." for i in range(40))
     def prompt(q):
-        return real_fp32.tokenizer.encode(real_fp32.chat_template.render(
+        return loaded.tokenizer.encode(loaded.chat_template.render(
             [{"role": "system", "content": system}, {"role": "user", "content": q}]))
     first, second = prompt("What is 2+2?"), prompt("Name a planet.")
     shared = next(i for i, (a, b) in enumerate(zip(first, second)) if a != b)
     assert shared > 300
-    engine = _engine(real_fp32)
+    engine = _engine(loaded)
     params = SamplingParams(max_tokens=8, temperature=0)
     engine.generate([first], params)
     engine.add_request("second", second, params)
@@ -104,7 +124,7 @@ def test_shared_system_prompt_hits_the_prefix_cache(real_fp32):
     while engine.has_unfinished():
         outs.extend(engine.step())
     assert outs[-1].cached_tokens == shared // 16 * 16       # every full block of the shared prefix
-    cold = _engine(real_fp32, enable_prefix_caching=False).generate([second], params)[0]
+    cold = _engine(loaded, enable_prefix_caching=False).generate([second], params)[0]
     assert [t for o in outs for t in o.token_ids] == cold
     _assert_no_leak(engine)
 

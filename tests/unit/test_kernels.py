@@ -47,7 +47,7 @@ def _mixed_step(q, tables, lens):
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
-@pytest.mark.parametrize("heads", [(9, 3, 64), (8, 8, 64), (4, 1, 128), (6, 2, 48)])
+@pytest.mark.parametrize("heads", [(9, 3, 64), (14, 2, 64), (8, 8, 64), (4, 1, 128), (6, 2, 48)])
 def test_native_attention_matches_reference(native, dtype, tol, heads):
     hq, hkv, d = heads
     q, k, v, tables, lens = _case(dtype, hq, hkv, d)

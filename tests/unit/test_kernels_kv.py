@@ -96,7 +96,7 @@ def _attention_case(fmt, dtype, hq, hkv, d, seed=3):
 
 @pytest.mark.parametrize("fmt", list(FORMATS))
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 2e-5), (torch.bfloat16, 2e-2)])
-@pytest.mark.parametrize("heads", [(9, 3, 64), (8, 8, 64), (4, 1, 128), (8, 2, 128)])
+@pytest.mark.parametrize("heads", [(9, 3, 64), (14, 2, 64), (8, 8, 64), (4, 1, 128), (8, 2, 128)])
 def test_native_quantized_attention_matches_reference(native, fmt, dtype, tol, heads):
     q, (kp, vp, ks, vs), tables, seq, ctx = _attention_case(fmt, dtype, *heads)
     scale = heads[2] ** -0.5
