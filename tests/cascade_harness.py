@@ -10,11 +10,13 @@ import asyncio
 import time
 from pathlib import Path
 
+import openai
+import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from gateway.telemetry.setup import build_telemetry
 from policies.config import load_config
-from tests.gateway_harness import InstantUpstream, RunningGateway
+from tests.gateway_harness import InstantUpstream, RunningGateway, shared
 
 SCOPE = "t:default"          # the anonymous tenant's budget scope (auth off)
 K = 8                        # tokens each cascade judges
@@ -104,3 +106,13 @@ class CascadeGateway:
     def stop(self) -> None:
         self.gw.stop()
         self.upstream.stop()
+
+
+@pytest.fixture(scope="module")
+def cg(request, tmp_path_factory) -> CascadeGateway:
+    return shared(request, "cascade-gateway", lambda: CascadeGateway(tmp_path_factory.mktemp("cascade")))
+
+
+@pytest.fixture(scope="module")
+def client(cg):
+    return openai.OpenAI(base_url=f"{cg.base}/v1", api_key="unused", max_retries=0)

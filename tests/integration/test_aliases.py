@@ -10,8 +10,7 @@ import httpx
 import openai
 import pytest
 
-from tests.cascade_harness import CascadeGateway
-from tests.gateway_harness import shared
+from tests.cascade_harness import cg, client  # noqa: F401 - fixtures
 
 CODE = [{"role": "user", "content": "Why does this fail?\ndef area(r):\n    return 3.14 * r * r"}]
 PROSE = [{"role": "user", "content": "Tell me about the sea."}]
@@ -22,14 +21,6 @@ ALIASES = ["auto", "plain-small", "plain-large", "with-up", "keep", "escalate", 
            "escalate-entropy", "up-first"]
 
 
-@pytest.fixture(scope="module")
-def cg(request, tmp_path_factory) -> CascadeGateway:
-    return shared(request, "cascade-gateway", lambda: CascadeGateway(tmp_path_factory.mktemp("cascade")))
-
-
-@pytest.fixture(scope="module")
-def client(cg):
-    return openai.OpenAI(base_url=f"{cg.base}/v1", api_key="unused", max_retries=0)
 
 
 def _ask(client, model, messages, **kw):

@@ -12,22 +12,13 @@ import httpx
 import openai
 import pytest
 
-from tests.cascade_harness import K, CascadeGateway
-from tests.gateway_harness import shared
+from tests.cascade_harness import K, cg, client  # noqa: F401 - fixtures
 from tests.telemetry_harness import client_traceparent
 
 MSG = [{"role": "user", "content": "w5 w9 w17 w33"}]
 LONG = {"max_tokens": 12, "temperature": 0, "extra_body": {"ignore_eos": True}}      # > K tokens, always
 
 
-@pytest.fixture(scope="module")
-def cg(request, tmp_path_factory) -> CascadeGateway:
-    return shared(request, "cascade-gateway", lambda: CascadeGateway(tmp_path_factory.mktemp("cascade")))
-
-
-@pytest.fixture(scope="module")
-def client(cg):
-    return openai.OpenAI(base_url=f"{cg.base}/v1", api_key="unused", max_retries=0)
 
 
 def _ask(client, model, **kw):
