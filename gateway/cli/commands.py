@@ -30,7 +30,14 @@ def generate(args: argparse.Namespace) -> int:
     tier = cfg.tiers[tier_name]
     if tier.kind != "embedded":
         raise UsageError(f"tier {tier_name!r} is an upstream tier; generate runs embedded tiers only")
-    loaded = load_model(args.model or tier.model, args.dtype or tier.dtype, device=tier.device)
+    source = args.model or tier.model
+    dtype = args.dtype or tier.dtype
+    if dtype == "auto":
+        import logging
+
+        from gateway.tiers.embedded_load import measured_dtype
+        dtype = measured_dtype(tier_name, tier, source, logging.INFO)
+    loaded = load_model(source, dtype, device=tier.device)
     prompt_ids = loaded.tokenizer.encode(loaded.chat_template.render([{"role": "user", "content": args.prompt}]))
     sampling = SimpleSampling(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
     eos = loaded.tokenizer.eos_token_ids

@@ -42,13 +42,14 @@ def _weights_source(name: str, cfg: EmbeddedTierConfig, calibration: Calibration
         return cfg.model
 
 
-def measured_dtype(name: str, cfg: EmbeddedTierConfig, source: str) -> str:
-    """The dtype this tier's model runs fastest in here, with its weight format and batch size."""
+def measured_dtype(name: str, cfg: EmbeddedTierConfig, source: str, log_level: int = logging.WARNING) -> str:
+    """The dtype this tier's model runs fastest in here, with its weight format and batch size
+    (logged at start like the tier's other load lines; a one-shot CLI command logs it at INFO)."""
     model_config = open_hf_checkpoint(resolve_checkpoint_dir(source)).config
     quantization = cfg.quantization if source != cfg.model else None    # None: its quantizing failed
     choice = choose_dtype(model_config, resolve_device(cfg.device), quantization, cfg.quant_group_size,
                           cfg.max_num_seqs)
-    log.warning("tier %s: dtype auto -> %s", name, choice.reason)
+    log.log(log_level, "tier %s: dtype auto -> %s", name, choice.reason)
     return choice.dtype
 
 
