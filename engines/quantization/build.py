@@ -12,12 +12,11 @@ from engines.quantization.awq import awq_quantize
 from engines.quantization.calibration import CalibrationSource, calibration_sequences
 from engines.quantization.gguf_int4 import REST_METHOD, install_gguf_int4
 from engines.quantization.gptq_model import gptq_quantize_model
-from engines.quantization.methods import BUILD_METHODS, CALIBRATED_METHODS, effective_group_size
+from engines.quantization.methods import ARTIFACT_METHODS, CALIBRATED_METHODS, effective_group_size
 
 # Part of the cache key and the artifact's config: bump a method's version whenever its algorithm
 # changes, so an artifact an older version built is never reused (AWQ 2: the Gram-matrix searches).
-ALGORITHM_VERSIONS = {"int8": 1, "int4-rtn": 1, "int4-awq": 2, "int4-gptq": 1, "fp8": 1}
-GGUF_ALGORITHM_VERSIONS = {"int4-gguf": 1}
+ALGORITHM_VERSIONS = {"int8": 1, "int4-rtn": 1, "int4-awq": 2, "int4-gptq": 1, "fp8": 1, "int4-gguf": 1}
 AWQ_CALIBRATION = {"n": 16, "max_tokens": 256}
 # GPTQ fits each layer to its calibration inputs: with 16 x 256 tokens it over-fits them (its error on
 # other text was ~3x its error on the calibration text), so it reads more text than AWQ.
@@ -26,8 +25,8 @@ GPTQ_OPTIONS = {"act_order": True, "damp": 0.1}
 
 
 def check_method(method: str, calibration: CalibrationSource | None) -> None:
-    if method not in BUILD_METHODS:
-        raise ValueError(f"unknown method {method!r}; choose one of {list(BUILD_METHODS)}")
+    if method not in ARTIFACT_METHODS:
+        raise ValueError(f"unknown method {method!r}; choose one of {list(ARTIFACT_METHODS)}")
     if method in CALIBRATED_METHODS and calibration is None:
         raise ValueError(f"{method} needs calibration text and none was given")
 
@@ -36,7 +35,7 @@ def method_settings(method: str, calibration: CalibrationSource | None) -> dict:
     """Everything besides the source and group size that decides a method's output: recorded in
     the artifact's config and hashed into its cache key, so a changed setting builds a new one."""
     check_method(method, calibration)
-    settings: dict = {"algorithm_version": {**ALGORITHM_VERSIONS, **GGUF_ALGORITHM_VERSIONS}[method]}
+    settings: dict = {"algorithm_version": ALGORITHM_VERSIONS[method]}
     if method == "int4-gguf":
         settings["rest"] = REST_METHOD            # how the linears that are not Q4_K are quantized
     elif method == "int4-awq":

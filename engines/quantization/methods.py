@@ -8,19 +8,18 @@ the engine's settings check a name against them before any quantizing code is im
 LAYER_METHODS = ("int8", "int4-rtn", "fp8")
 # Methods that fit each layer to the activations calibration text produces.
 CALIBRATED_METHODS = ("int4-awq", "int4-gptq")
-# Every method a quantized artifact can be built with: the layer methods and the calibrated ones.
-ARTIFACT_METHODS = ("int8", "int4-rtn", "int4-awq", "int4-gptq", "fp8")
+# Methods that read the source GGUF's own quantized blocks (no data, no second rounding).
+GGUF_METHODS = ("int4-gguf",)
+# Every method a quantized artifact can be built with: the tier schema (policies/tier_config.py)
+# and `tiergate quantize` list these.
+ARTIFACT_METHODS = ("int8", "int4-rtn", "int4-awq", "int4-gptq", "fp8", "int4-gguf")
 # The layer method whose kernel each artifact's layers run (what a speed probe has to time):
-# calibration changes the values of INT4 weights, not the kernel that multiplies them.
+# calibration changes the values of INT4 weights, not the kernel that multiplies them; a GGUF's
+# Q4_K blocks run the INT4 kernel too (its other tensors go to int8: the probe times the INT4 one).
 LAYER_METHOD_OF = {"int8": "int8", "int4-rtn": "int4-rtn", "int4-awq": "int4-rtn", "int4-gptq": "int4-rtn",
-                   "fp8": "fp8"}
+                   "fp8": "fp8", "int4-gguf": "int4-rtn"}
 # Input channels that share one INT4 scale and zero (round-to-nearest, AWQ and GPTQ alike).
 INT4_GROUP_SIZES = (32, 64, 128, 256)
-# Methods that read the source GGUF's own quantized blocks (no data, no second rounding). Not yet in
-# ARTIFACT_METHODS: the tier schema (policies/tier_config.py) and `tiergate quantize` list those.
-GGUF_METHODS = ("int4-gguf",)
-# Every method the artifact builder takes.
-BUILD_METHODS = (*ARTIFACT_METHODS, *GGUF_METHODS)
 # Methods whose group size is the file's, whatever the caller asks (Q4_K: groups of 32).
 FIXED_GROUP_SIZES = {"int4-gguf": 32}
 

@@ -54,7 +54,7 @@ class _Scripted:
                 self.in_flight -= 1
 
         # Like the gateway: which tier answered, here chosen by the client's profile hint.
-        tier = {"latency": "spec-fp8"}.get(request.headers.get("x-tiergate-profile"), "small")
+        tier = {"latency": "fast"}.get(request.headers.get("x-tiergate-profile"), "small")
         return StreamingResponse(stream(), media_type="text/event-stream", headers={"x-tiergate-tier": tier})
 
     async def models(self, _):
@@ -139,4 +139,4 @@ def test_extra_headers_reach_the_server_and_tiers_are_counted(scripted_server):
                                   extra_headers={"x-tiergate-profile": "latency"}))
     plain = asyncio.run(run_load(url, "scripted", requests, request_rate=float("inf"), concurrency=None,
                                  api_key=None, seed=0, ignore_eos=False, progress=False))
-    assert hinted["served_by"] == {"spec-fp8": 5} and plain["served_by"] == {"small": 5}
+    assert hinted["served_by"] == {"fast": 5} and plain["served_by"] == {"small": 5}

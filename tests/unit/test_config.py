@@ -11,13 +11,19 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_default_config_is_the_three_tier_embedded_default():
     cfg = load_config(ROOT / "config" / "default.yaml")
     assert cfg.default_tier in cfg.tiers
-    assert set(cfg.tiers) == {"small", "large-int4", "spec-fp8"}
+    assert set(cfg.tiers) == {"small", "large", "fast"}
     assert all(isinstance(t, EmbeddedTierConfig) for t in cfg.tiers.values())
-    large, spec = cfg.tiers["large-int4"], cfg.tiers["spec-fp8"]
-    assert (large.quantization, large.kv_cache_dtype) == ("int4-awq", "int8")
-    assert spec.quantization == "fp8" and spec.speculative.method == "ngram"
+    small, large, fast = cfg.tiers["small"], cfg.tiers["large"], cfg.tiers["fast"]
+    assert small.model == fast.model == "default" and large.model == "qwen"
+    assert (large.quantization, large.kv_cache_dtype) == ("int4-gguf", "int8")
+    # the latency tier speculates; FP8 weights are a storage format on a CPU (dequantized per matmul)
+    assert fast.speculative.method == "ngram" and fast.quantization != "fp8"
+    assert all(t.dtype == "auto" for t in cfg.tiers.values())
     assert not cfg.auth.enabled and is_loopback(cfg.server.host)
-    assert list(cfg.models) == ["auto", "smollm2-135m-instruct"] and cfg.models["smollm2-135m-instruct"].pinned
+    assert list(cfg.models) == ["auto", "smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct"]
+    assert cfg.models["smollm2-135m-instruct"].chain == ["small", "fast"]
+    assert cfg.models["qwen2.5-coder-0.5b-instruct"].chain == ["large"]
+    assert not cfg.models["auto"].pinned and all(cfg.models[m].pinned for m in list(cfg.models)[1:])
 
 
 @pytest.mark.parametrize("name", ["upstream.yaml", "auth.yaml"])

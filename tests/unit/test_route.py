@@ -15,9 +15,9 @@ def default_router() -> Router:
 
 
 @pytest.mark.parametrize("profile,chain", [
-    ("latency", ("spec-fp8", "small")),
-    ("memory", ("large-int4", "small")),
-    ("throughput", ("small", "large-int4")),
+    ("latency", ("fast", "small")),
+    ("memory", ("large", "small")),
+    ("throughput", ("small", "large")),
 ])
 def test_default_config_routes_each_profile(default_router, profile, chain):
     decision = default_router.route("local", "interactive", "auto", profile)
@@ -26,9 +26,13 @@ def test_default_config_routes_each_profile(default_router, profile, chain):
 
 def test_default_config_sends_code_to_the_larger_tier_and_pins_the_concrete_model(default_router):
     code = default_router.route("local", "interactive", "auto", "latency", frozenset({"code"}))
-    assert code.chain == ("large-int4", "small") and code.reason == "route code: needs code"
+    assert code.chain == ("large", "small") and code.reason == "route code: needs code"
+    tools = default_router.route("local", "interactive", "auto", "throughput", frozenset({"tools"}))
+    assert tools.chain == ("large", "small") and tools.reason == "route tools: needs tools"
     pinned = default_router.route("local", "interactive", "smollm2-135m-instruct", "latency", frozenset({"code"}))
-    assert pinned.chain == ("small", "large-int4", "spec-fp8") and pinned.reason == "model smollm2-135m-instruct pinned"
+    assert pinned.chain == ("small", "fast") and pinned.reason == "model smollm2-135m-instruct pinned"
+    coder = default_router.route("local", "interactive", "qwen2.5-coder-0.5b-instruct", "latency")
+    assert coder.chain == ("large",) and coder.reason == "model qwen2.5-coder-0.5b-instruct pinned"
 
 
 CONFIG = """

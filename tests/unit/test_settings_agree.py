@@ -16,7 +16,7 @@ from pydantic_core import PydanticUndefined
 from engines.engine_config import EngineConfig
 from engines.kv_cache import KV_CACHE_DTYPES
 from engines.quantization import build
-from engines.quantization.methods import ARTIFACT_METHODS, CALIBRATED_METHODS, INT4_GROUP_SIZES, LAYER_METHODS
+from engines.quantization.methods import ARTIFACT_METHODS, CALIBRATED_METHODS, GGUF_METHODS, INT4_GROUP_SIZES, LAYER_METHODS
 from engines.spec.build import SELF_DRAFT_QUANTIZATIONS
 from engines.spec.config import SpeculativeConfig
 from gateway.tiers.embedded_load import ENGINE_FIELD_NAMES, TIER_ONLY_FIELDS, engine_config, speculative_config
@@ -76,7 +76,8 @@ def _shared_tier_fields() -> dict[str, str]:
 
 def test_quantization_method_lists_are_consistent():
     assert not set(LAYER_METHODS) & set(CALIBRATED_METHODS)
-    assert sorted(ARTIFACT_METHODS) == sorted(LAYER_METHODS + CALIBRATED_METHODS)
+    assert not set(GGUF_METHODS) & set(LAYER_METHODS + CALIBRATED_METHODS)
+    assert sorted(ARTIFACT_METHODS) == sorted(LAYER_METHODS + CALIBRATED_METHODS + GGUF_METHODS)
     assert list(build.ALGORITHM_VERSIONS) == list(ARTIFACT_METHODS)
     # a self-draft is quantized in-process, so only by a method that needs no calibration
     assert sorted(SELF_DRAFT_QUANTIZATIONS) == sorted(LAYER_METHODS)
