@@ -46,8 +46,9 @@ def _load_variant(name: str, model: str = "default"):
         if gguf_path is None:
             raise ModelLoadError(f"{name} needs a GGUF model, not {model!r}")
         linears = install_gguf_int4(loaded.model, gguf_path, "int4-rtn" if name == "int4-gguf-rtn" else "int8")
-        if not linears["q4k"]:
-            raise ModelLoadError(f"{model!r} has no Q4_K decoder tensors: {name} would not load any INT4 as stored")
+        if not linears["as_stored"]:
+            raise ModelLoadError(f"{model!r} has no Q4_K or Q4_1 decoder tensors: {name} would not load any INT4 "
+                                 "as stored")
         return loaded
     method, _, group = name.rpartition("-g") if name.startswith("int4") else (name, "", "128")
     quantize_loaded(loaded, method, int(group), calibration_source())

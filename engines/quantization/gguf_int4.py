@@ -1,12 +1,15 @@
-"""INT4 as the GGUF stores it: Q4_K tensors loaded into our INT4 g32 layers with no second rounding.
+"""INT4 as the GGUF stores it: Q4_K and Q4_1 tensors loaded into our INT4 g32 layers with no
+second rounding.
 
 A Q4_K super-block covers 256 weights of a row: fp16 `d` and `dmin`, then for each of its eight
 groups of 32 a 6-bit scale `sc` and a 6-bit min `m`, and one 4-bit q per weight, with
 w = d*sc*q - dmin*m. That is asymmetric INT4 with group size 32, so the nibbles are taken as
 they are and only the group's scale and zero are restated in our convention
 w = (q - 8) * scale + zero:  scale = d*sc,  zero = 8*d*sc - dmin*m  (exact in fp32: d*sc and
-dmin*m carry 17 significant bits). The CPU op keeps (scale, zero) in bf16, which rounds them
-(measured in tests/integration/test_qwen_int4_gguf.py); the portable form keeps fp32.
+dmin*m carry 17 significant bits). A Q4_1 block (SmolLM2's format) is one group of 32: fp16 `d`
+and `m`, then 16 bytes whose low nibbles are weights 0-15 and high nibbles 16-31, with
+w = d*q + m: scale = d, zero = 8*d + m. The CPU op keeps (scale, zero) in bf16, which rounds
+them (measured in tests/integration/test_qwen_int4_gguf.py); the portable form keeps fp32.
 
 Linears whose GGUF tensors are not all Q4_K (in Qwen2.5-Coder's Q4_K_M file: q/k/v/o and
 gate/up in Q5_0, half the down projections in Q6_K, some v in Q8_0) are quantized from their
@@ -31,6 +34,7 @@ from engines.quantization.int8 import Int8Linear
 GROUP_SIZE = 32                  # a Q4_K sub-block
 _SUPER = 256                     # weights per Q4_K super-block
 _BLOCK_BYTES = 144               # d (2) + dmin (2) + scales (12) + nibbles (128)
+_Q4_1_BYTES = 20                 # d (2) + m (2) + nibbles (16), 32 weights
 # How the linears that are not Q4_K in the file are quantized, chosen on the validation slice
 # (`tiergate eval ppl --model qwen --validation --sequences 8 --no-speed`, Qwen2.5-Coder-0.5B):
 # fp32 12.183; rest int8 12.178 (-0.04 %); rest INT4 RTN g32 12.741 (+4.6 %). Re-rounding their
@@ -84,8 +88,32 @@ def q4k_groups(raw: np.ndarray, rows: int, cols: int) -> Int4Groups:
     return Int4Groups(torch.from_numpy(q.astype(np.int32)), scale_t, 8.0 * scale_t - torch.from_numpy(offset))
 
 
-def read_q4k_weights(gguf_path: Path) -> dict[str, Int4Groups]:
-    """Every Q4_K decoder weight of the file, by HF name, rows in the order our model uses."""
+def q4_1_groups(raw: np.ndarray, rows: int, cols: int) -> Int4Groups:
+    """Decode Q4_1 blocks (the tensor's bytes, row after row) without dequantizing them, in the
+    bit layout of gguf.quants.Q4_1."""
+    if cols % GROUP_SIZE:
+        raise ModelLoadError(f"a Q4_1 tensor's rows must be a multiple of {GROUP_SIZE} long, not {cols}")
+    blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(-1, _Q4_1_BYTES)
+    if blocks.shape[0] != rows * cols // GROUP_SIZE:
+        raise ModelLoadError(f"Q4_1 data of {blocks.shape[0]} blocks does not fit a [{rows}, {cols}] tensor")
+    d = blocks[:, 0:2].copy().view(np.float16).astype(np.float32)            # [B, 1]
+    m = blocks[:, 2:4].copy().view(np.float16).astype(np.float32)
+    nibbles = blocks[:, 4:].reshape(-1, 1, 16) >> np.array([0, 4], dtype=np.uint8).reshape(1, 2, 1)
+    q = (nibbles & 0x0F).reshape(rows, cols)
+    scale_t = torch.from_numpy(d.reshape(rows, cols // GROUP_SIZE))
+    return Int4Groups(torch.from_numpy(q.astype(np.int32)), scale_t,
+                      8.0 * scale_t + torch.from_numpy(m.reshape(rows, cols // GROUP_SIZE)))
+
+
+def _decoders():
+    import gguf
+
+    return {gguf.GGMLQuantizationType.Q4_K: q4k_groups, gguf.GGMLQuantizationType.Q4_1: q4_1_groups}
+
+
+def read_int4_weights(gguf_path: Path) -> dict[str, Int4Groups]:
+    """Every 4-bit (Q4_K or Q4_1) decoder weight of the file, by HF name, rows in the order our
+    model uses."""
     import gguf
 
     try:
@@ -93,12 +121,14 @@ def read_q4k_weights(gguf_path: Path) -> dict[str, Int4Groups]:
     except Exception as exc:  # the gguf package raises bare ValueError/struct errors
         raise ModelLoadError(f"{gguf_path} is not a readable GGUF file ({type(exc).__name__}: {exc})") from None
     names = gguf_decoder_names(reader, gguf_path)
+    decoders = _decoders()
     out: dict[str, Int4Groups] = {}
     for t in reader.tensors:
-        if t.tensor_type != gguf.GGMLQuantizationType.Q4_K or t.name not in names:
+        decode = decoders.get(t.tensor_type)
+        if decode is None or t.name not in names:
             continue
         cols, rows = (int(x) for x in t.shape[:2])      # GGUF lists the fastest dimension first
-        groups = q4k_groups(np.asarray(t.data), rows, cols)
+        groups = decode(np.asarray(t.data), rows, cols)
         perm = names[t.name].row_order(rows)
         out[names[t.name].hf] = groups if perm is None else groups.rows(perm)
     return out
@@ -106,12 +136,13 @@ def read_q4k_weights(gguf_path: Path) -> dict[str, Int4Groups]:
 
 def install_gguf_int4(model: LlamaForCausalLM, gguf_path: Path, rest_method: str = REST_METHOD) -> dict[str, int]:
     """Replace each decoder linear of a model loaded from `gguf_path`: by an Int4Linear holding
-    the file's own Q4_K nibbles where all its parts are Q4_K, else by `rest_method` ("int8" or
-    "int4-rtn", g32) applied to its loaded weight. Returns how many linears took each route."""
+    the file's own nibbles where all its parts are 4-bit (Q4_K or Q4_1), else by `rest_method`
+    ("int8" or "int4-rtn", g32) applied to its loaded weight. Returns how many linears took each
+    route ("as_stored" for the first)."""
     if rest_method not in ("int8", "int4-rtn"):
         raise ValueError(f"rest_method must be 'int8' or 'int4-rtn', not {rest_method!r}")
-    q4k = read_q4k_weights(gguf_path)
-    counts = {"q4k": 0, rest_method: 0}
+    stored = read_int4_weights(gguf_path)
+    counts = {"as_stored": 0, rest_method: 0}
     for i, layer in enumerate(model.layers):
         for ours, parts in _FUSED:
             parent_name, _, attr = f"layers.{i}.{ours}".rpartition(".")
@@ -119,15 +150,15 @@ def install_gguf_int4(model: LlamaForCausalLM, gguf_path: Path, rest_method: str
             old = getattr(parent, attr)
             if not isinstance(old, Linear):
                 raise ValueError(f"layers.{i}.{ours} is already quantized")
-            found = [q4k.get(f"model.layers.{i}.{p}.weight") for p in parts]
+            found = [stored.get(f"model.layers.{i}.{p}.weight") for p in parts]
             if all(g is not None for g in found):
                 q = torch.cat([g.q for g in found])
                 if tuple(q.shape) != (old.out_features, old.in_features):
-                    raise ModelLoadError(f"layer {i} {ours}: Q4_K tensors of shape {tuple(q.shape)}, "
+                    raise ModelLoadError(f"layer {i} {ours}: 4-bit tensors of shape {tuple(q.shape)}, "
                                          f"model expects {(old.out_features, old.in_features)}")
                 new = Int4Linear(None, old.bias, GROUP_SIZE, q, torch.cat([g.scales for g in found]),
                                  torch.cat([g.zeros for g in found]), in_features=old.in_features)
-                counts["q4k"] += 1
+                counts["as_stored"] += 1
             elif rest_method == "int8":
                 new = Int8Linear(old.weight, old.bias)
                 counts["int8"] += 1

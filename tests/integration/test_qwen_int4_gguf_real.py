@@ -11,14 +11,14 @@ import numpy as np
 import pytest
 import torch
 
-from engines.quantization.gguf_int4 import read_q4k_weights
+from engines.quantization.gguf_int4 import read_int4_weights
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def pairs(qwen_gguf):
-    ours = read_q4k_weights(qwen_gguf)
+    ours = read_int4_weights(qwen_gguf)
     reader = gguf.GGUFReader(str(qwen_gguf))
     out = []
     for t in reader.tensors:

@@ -13,7 +13,7 @@ from tokenizers import pre_tokenizers
 from engines.attention.contiguous import ContiguousAttention
 from engines.loaded_model import load_model
 from engines.quantization.artifact_cache import ensure_quantized
-from engines.quantization.gguf_int4 import install_gguf_int4, q4k_groups
+from engines.quantization.gguf_int4 import install_gguf_int4, q4_1_groups, q4k_groups
 from engines.quantization.int4 import Int4Linear, dequantize_int4, unpack_nibbles
 from engines.quantization.int8 import Int8Linear
 
@@ -36,6 +36,20 @@ def test_q4k_decoding_equals_gguf_dequantize():
     expected = torch.from_numpy(np.asarray(gguf.quants.dequantize(raw, Q4K), dtype=np.float32))
     assert groups.q.min() >= 0 and groups.q.max() <= 15
     # d*sc*q - dmin*m restated as (q - 8) * scale + zero: equal up to fp32 rounding, no second rounding of q
+    assert (groups.dequantized() - expected).abs().max() <= _ULPS * expected.abs().max()
+
+
+def test_q4_1_decoding_equals_gguf_dequantize():
+    rng = np.random.default_rng(1)
+    rows, cols = 8, 128
+    blocks = rng.integers(0, 256, size=(rows * cols // 32, 20), dtype=np.uint8)
+    blocks[:, 0:2] = (np.abs(rng.normal(size=(len(blocks), 1))) * 2e-3).astype(np.float16).view(np.uint8)
+    blocks[:, 2:4] = (rng.normal(size=(len(blocks), 1)) * 2e-2).astype(np.float16).view(np.uint8)
+    raw = blocks.reshape(rows, cols // 32 * 20)
+    groups = q4_1_groups(raw, rows, cols)
+    expected = torch.from_numpy(np.asarray(gguf.quants.dequantize(raw, gguf.GGMLQuantizationType.Q4_1),
+                                           dtype=np.float32))
+    assert groups.q.min() >= 0 and groups.q.max() <= 15 and groups.q.float().std() > 0
     assert (groups.dequantized() - expected).abs().max() <= _ULPS * expected.abs().max()
 
 
@@ -113,7 +127,7 @@ def test_q4k_linears_hold_the_files_weights_exactly(tmp_path, cache, arch):
     dense = {name: m.weight.detach().clone() for name, m in loaded.model.named_modules() if hasattr(m, "weight")}
     counts = install_gguf_int4(loaded.model, path, "int8")
     expected_q4k = {"qwen2": 1, "llama": 2}[arch] * LAYERS        # down; llama: fused q/k/v and down
-    assert counts == {"q4k": expected_q4k, "int8": 4 * LAYERS - expected_q4k}
+    assert counts == {"as_stored": expected_q4k, "int8": 4 * LAYERS - expected_q4k}
     seen = 0
     for name, module in loaded.model.named_modules():
         if isinstance(module, Int4Linear):
