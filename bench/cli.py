@@ -25,20 +25,26 @@ def add_bench_parsers(bench_sub) -> None:
     offline.add_argument("--max-num-seqs", type=int, default=128)
     offline.add_argument("--max-num-batched-tokens", type=int, default=2048)
     offline.add_argument("--kv-cache-mib", type=int, default=2048)
-    offline.set_defaults(run=_bench_offline)
+    offline.add_argument("--report", dest="report_dir", help="also write DIR/report.md with PNG plots")
+    offline.set_defaults(run=_reported("offline", _bench_offline))
     prefix = bench_sub.add_parser("prefix", help="time to first token, cold vs warm prefix cache")
     prefix.add_argument("--json", required=True, dest="json_out")
     prefix.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
     prefix.add_argument("--system-tokens", type=int, default=2000)
     prefix.add_argument("--repeats", type=int, default=8)
-    prefix.set_defaults(run=_bench_prefix)
+    prefix.add_argument("--report", dest="report_dir", help="also write DIR/report.md with PNG plots")
+    prefix.set_defaults(run=_reported("prefix", _bench_prefix))
     gw = bench_sub.add_parser("gateway", help="latency the gateway adds in front of an instant upstream")
     gw.add_argument("--json", required=True, dest="json_out")
     gw.add_argument("--rate", type=float, default=500.0, help="requests per second (open loop)")
     gw.add_argument("--seconds", type=float, default=10.0, help="length of each measured phase")
     gw.add_argument("--rounds", type=int, default=3, help="direct/gateway phase pairs, interleaved")
     gw.add_argument("--stream-share", type=float, default=0.0, help="fraction of requests that stream")
-    gw.set_defaults(run=_bench_gateway)
+    gw.add_argument("--console", action="store_true", help="also measure throughput (closed loop) with and without "
+                                                           "an operator console polling the gateway once a second")
+    gw.add_argument("--console-concurrency", type=int, default=32, help="clients of the closed-loop throughput phases")
+    gw.add_argument("--report", dest="report_dir", help="also write DIR/report.md with PNG plots")
+    gw.set_defaults(run=_reported("gateway", _bench_gateway))
     spec = bench_sub.add_parser("spec", help="speculative decoding vs plain decoding, batch 1 and batched")
     spec.add_argument("--json", required=True, dest="json_out")
     spec.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
@@ -49,7 +55,8 @@ def add_bench_parsers(bench_sub) -> None:
     spec.add_argument("--draft-model", help="separate draft model (default: the model's int8 copy)")
     spec.add_argument("--self-group-size", type=int, default=32, choices=[32, 64, 128])
     spec.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
-    spec.set_defaults(run=_bench_spec)
+    spec.add_argument("--report", dest="report_dir", help="also write DIR/report.md with PNG plots")
+    spec.set_defaults(run=_reported("spec", _bench_spec))
     serve = bench_sub.add_parser("serve", help="load generator for any OpenAI-compatible URL (ShareGPT prompts)")
     serve.add_argument("--json", required=True, dest="json_out")
     serve.add_argument("--base-url", default="http://127.0.0.1:8000/v1", help="OpenAI base URL, ending in /v1")
@@ -66,7 +73,8 @@ def add_bench_parsers(bench_sub) -> None:
     serve.add_argument("--ignore-eos", action="store_true", help="ask the server to always emit --max-tokens")
     serve.add_argument("--header", action="append", default=[], metavar="NAME:VALUE",
                        help="extra request header (repeatable), e.g. 'x-tiergate-profile: latency'")
-    serve.set_defaults(run=_bench_serve)
+    serve.add_argument("--report", dest="report_dir", help="also write DIR/report.md with PNG plots")
+    serve.set_defaults(run=_reported("serve", _bench_serve))
     soak = bench_sub.add_parser("soak", help="a long run at a share of measured capacity: RSS growth and p99 drift")
     soak.add_argument("--json", required=True, dest="json_out")
     soak.add_argument("--config", default="config/default.yaml", help="the config `tiergate serve` runs")
@@ -89,7 +97,19 @@ def add_bench_parsers(bench_sub) -> None:
     ladder.add_argument("--kv-cache-mib", type=int, default=96, help="KV budget of every rung")
     ladder.add_argument("--group-size", type=int, default=64, choices=[64, 128])
     ladder.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
-    ladder.set_defaults(run=_bench_ladder)
+    ladder.add_argument("--report", dest="report_dir", help="also write DIR/report.md with PNG plots")
+    ladder.set_defaults(run=_reported("ladder", _bench_ladder))
+    structured = bench_sub.add_parser("structured", help="grammar-constrained vs plain decoding throughput on the "
+                                                         "same prompts, and grammar compile times")
+    structured.add_argument("--json", required=True, dest="json_out")
+    structured.add_argument("--model", default="default", help="bundled model name or path")
+    structured.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    structured.add_argument("--batch", type=int, default=32, help="requests submitted at once, every one constrained")
+    structured.add_argument("--max-tokens", type=int, default=128)
+    structured.add_argument("--rounds", type=int, default=3, help="plain/constrained pairs, alternated")
+    structured.add_argument("--compile-schemas", type=int, default=100, help="distinct schemas compiled fresh")
+    structured.add_argument("--report", dest="report_dir", help="also write DIR/report.md")
+    structured.set_defaults(run=_bench_structured)
     routing = bench_sub.add_parser("routing", help="is routing worth it: quality gap recovered per share of calls "
                                                    "to the large tier, tiergate's router vs random and the oracle")
     routing.add_argument("--json", required=True, dest="json_out")
@@ -116,6 +136,29 @@ def add_bench_parsers(bench_sub) -> None:
     routing.add_argument("--latency-tokens", type=int, default=24, help="tokens of each timed request (>= K)")
     routing.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
     routing.set_defaults(run=_bench_routing)
+
+
+def _reported(kind: str, run):
+    """`run`, then --report DIR drawn from the JSON it wrote (bench/bench_reports.py)."""
+    def run_then_report(args: argparse.Namespace) -> int:
+        code = run(args)
+        if code == 0 and args.report_dir:
+            from bench.bench_reports import write_report
+            print(f"wrote {write_report(kind, args.json_out, args.report_dir)}")
+        return code
+    return run_then_report
+
+
+def _bench_structured(args: argparse.Namespace) -> int:
+    if args.batch < 1 or args.max_tokens < 1 or args.rounds < 1 or args.compile_schemas < 1:
+        raise UsageError("--batch, --max-tokens, --rounds and --compile-schemas must be at least 1")
+    from bench.structured.report import write_structured_report
+    from bench.structured.run import run_structured_bench
+    code = run_structured_bench(args.json_out, args.model, args.dtype, args.batch, args.max_tokens, args.rounds,
+                                args.compile_schemas)
+    if code == 0 and args.report_dir:
+        print(f"wrote {write_structured_report(args.json_out, args.report_dir)}")
+    return code
 
 
 def _bench_decode(args: argparse.Namespace) -> int:
@@ -151,7 +194,10 @@ def _bench_gateway(args: argparse.Namespace) -> int:
     from bench.serving.gateway import run_gateway_bench
     if args.rate <= 0 or args.seconds <= 0 or args.rounds < 1 or not 0 <= args.stream_share <= 1:
         raise UsageError("--rate and --seconds must be positive, --rounds >= 1, --stream-share in [0, 1]")
-    return run_gateway_bench(args.json_out, args.rate, args.seconds, args.rounds, args.stream_share)
+    if args.console_concurrency < 1:
+        raise UsageError("--console-concurrency must be >= 1")
+    return run_gateway_bench(args.json_out, args.rate, args.seconds, args.rounds, args.stream_share,
+                             args.console, args.console_concurrency)
 
 
 def _bench_serve(args: argparse.Namespace) -> int:

@@ -40,6 +40,11 @@ def percentiles(values: list[float]) -> dict[str, float]:
     return {"p50": statistics.median(values), "p90": q[89], "p99": q[98]}
 
 
+def samples(values: list[float], digits: int = 2) -> list[float]:
+    """Per-request figures as the JSON keeps them (for the CDFs of `--report`), rounded."""
+    return [round(v, digits) for v in values]
+
+
 def write_json(path: str | Path, report: dict[str, Any]) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

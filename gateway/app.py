@@ -19,6 +19,9 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gateway.admin_access import AdminAccess
+from gateway.console.recorder import ConsoleRecorder
+from gateway.console.routes import console_routes
+from gateway.console.state import ConsoleState
 from gateway.errors import GatewayError, error_response
 from gateway.openapi import openapi_document
 from gateway.pipeline import Pipeline
@@ -51,6 +54,8 @@ def build_app(holder: RuntimeHolder, reloader: ConfigReloader | None = None,
     telemetry.metrics.set_breaker_reader(lambda: breaker_states(holder))
     pipeline = Pipeline(holder, telemetry)
     admin = AdminAccess(holder, host or (reloader.host if reloader is not None else holder.current.config.server.host))
+    console = ConsoleRecorder(holder)      # the operator console's view of the traffic (/console)
+    pipeline.on_end.append(console.request_ended)
     documents: dict[int, dict] = {}     # per config generation: a reload may change the model names
     background: set[asyncio.Task] = set()
 
@@ -102,6 +107,9 @@ def build_app(holder: RuntimeHolder, reloader: ConfigReloader | None = None,
             task.add_done_callback(background.discard)
         if reloader is not None:
             reloader.start()
+        ticking = asyncio.create_task(console.run(), name="console-tick")   # sparklines, shared history
+        background.add(ticking)
+        ticking.add_done_callback(background.discard)
         await holder.open_limits().check_store()    # budgets, breakers, retry budget
         freeze_heap()
         try:
@@ -124,6 +132,7 @@ def build_app(holder: RuntimeHolder, reloader: ConfigReloader | None = None,
         Route("/readyz", readyz, methods=["GET"]),
         Route("/openapi.json", openapi_json, methods=["GET"]),
         Route("/metrics", admin.guard(metrics_endpoint(telemetry.metrics)), methods=["GET"], name="metrics"),
+        *console_routes(admin, ConsoleState(holder, console, reloader)),
     ]
     return Starlette(routes=routes, lifespan=lifespan,
                      exception_handlers={HTTPException: http_error, Exception: server_error})

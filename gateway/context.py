@@ -70,8 +70,9 @@ class RequestContext:
     # ---- budgets, rate limits, breakers (written by gateway/request_limits.py, gateway/attempt.py)
     admission: Admission | None = None    # the last budget decision (ok or refused)
     ratelimit_headers: dict[str, str] | None = None   # x-ratelimit-* of the admitted attempt
-    # (tier, event) per breaker step: "open"/"half_open" (skipped), "success", "failure",
-    # "client_error", "cancelled" (recorded outcomes), "opened"/"closed" (transitions they caused)
+    # (tier, event) per breaker step: "open"/"half_open" (skipped), "probe" (let through half-open),
+    # "success", "failure", "client_error", "cancelled" (recorded outcomes), "opened"/"closed"
+    # (transitions they caused)
     breaker_events: list[tuple[str, str]] = field(default_factory=list)
 
     # ---- timings --------------------------------------------------------------------

@@ -103,6 +103,12 @@ class GatewayLimits:
         return self._stores.redis is not None
 
     @property
+    def redis(self):
+        """The shared store's Redis client (None for the memory store): the console reads its
+        history there too."""
+        return self._stores.redis
+
+    @property
     def closed(self) -> bool:
         return self._closed
 

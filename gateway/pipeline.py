@@ -16,6 +16,7 @@ import json
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from gateway.attempt import CANCELLED, Attempt
@@ -83,6 +84,9 @@ class Pipeline:
         self.telemetry = telemetry or build_telemetry(holder.current.config.telemetry)
         # Lives as long as the app, so a reload keeps every tenant's cached prefixes reachable.
         self.prefix_scopes = PrefixScopes()
+        # Called with (runtime, context, limits or None) once a request has ended (the console's
+        # recorder): in-memory work only, it runs before the connection takes its next request.
+        self.on_end: list[Callable[[Runtime, RequestContext, RequestLimits | None], None]] = []
 
     async def __call__(self, scope, receive, send) -> None:
         """ASGI entry (no Starlette Request/Response objects: this path is hot)."""
@@ -224,6 +228,11 @@ class Pipeline:
                 ctx.error = ctx.error or "client disconnected"
             ctx.finished_at = time.perf_counter()
             request.trace.finish(ctx, disconnected)
+            for observer in self.on_end:
+                try:
+                    observer(rt, ctx, request.limits)
+                except Exception:  # noqa: BLE001 - an observer's bug must not fail the request's end
+                    log.warning("request observer failed", exc_info=True)
             if rt.config.server.log_requests and log.isEnabledFor(logging.INFO):
                 log.info("%s", json.dumps(ctx.log_fields(), separators=(",", ":")))
 

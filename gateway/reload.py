@@ -61,6 +61,10 @@ class ConfigReloader:
         self._lock = asyncio.Lock()
         self._retiring: set[asyncio.Task] = set()
         self.last_error: str | None = None
+        # For the operator console: what is served, when it was last swapped in, the last refusal.
+        self.served_sha256: str | None = self._loaded.sha256 if self._loaded is not None else None
+        self.reloaded_at: float | None = None
+        self.rejected: dict | None = None     # {"at", "why", "error", "sha256"} of the last rejected file
 
     def _version_now(self) -> FileVersion | None:
         try:
@@ -144,15 +148,23 @@ class ConfigReloader:
                 self._loaded = read.version     # a rejected file is not tried again until it changes
                 config = await asyncio.to_thread(parse_config, read.text, str(self.path))
                 self._check(config)
-                return await self._swap(config, why)
+                swapped = await self._swap(config, why)
+                self.served_sha256, self.reloaded_at = read.version.sha256, time.time()
+                return swapped
             except (ConfigError, ReloadRejected) as exc:
                 self.last_error = str(exc)
+                self._rejected(why, read)
                 log.error("config reload (%s) rejected, keeping the old config: %s", why, exc)
                 return False
             except Exception as exc:
                 self.last_error = f"{type(exc).__name__}: {exc}"
+                self._rejected(why, read)
                 log.exception("config reload (%s) failed, keeping the old config", why)
                 return False
+
+    def _rejected(self, why: str, read: FileRead | None) -> None:
+        self.rejected = {"at": time.time(), "why": why, "error": self.last_error,
+                         "sha256": read.version.sha256 if read is not None else None}
 
     async def _swap(self, config: GatewayConfig, why: str) -> bool:
         old = self.holder.current

@@ -101,6 +101,8 @@ class RequestLimits:
             self.ctx.breaker_events.append((tier.name, verdict.state))
             return Skip(tier.name, SkipReason.BREAKER_OPEN, f"circuit breaker {verdict.state.replace('_', '-')} "
                                                             f"(retry in {verdict.retry_after:.1f}s)")
+        if verdict.is_probe:                          # a half-open breaker let this call through
+            self.ctx.breaker_events.append((tier.name, "probe"))
         reservation, estimate, cap = None, (0, 0), None
         try:
             if self.failure is not None and not self.limits.retry.try_retry():

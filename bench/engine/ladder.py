@@ -26,7 +26,7 @@ from engines.llm_engine import LLMEngine
 from engines.loaded_model import LoadedModel, load_model
 from engines.sampling_params import SamplingParams
 from engines.spec.config import SpeculativeConfig
-from bench.common import machine_info, percentiles, write_json
+from bench.common import machine_info, percentiles, samples, write_json
 from bench.datasets.sharegpt import load_sharegpt_requests
 
 SYSTEM_PROMPT = (
@@ -88,10 +88,11 @@ def _serve(engine: LLMEngine, prompts: dict[str, list[int]], lengths: dict[str, 
     if produced != sum(lengths.values()):
         raise RuntimeError("the engine did not produce exactly the requested output lengths")
     tpot = [(run.last[r] - run.first[r]) / (len(run.tokens[r]) - 1) * 1e3 for r in order if len(run.tokens[r]) > 1]
+    ttft = [(run.first[r] - arrivals[r]) * 1e3 for r in order]
     return {"elapsed_s": round(elapsed, 3), "output_tokens": produced,
             "output_tokens_per_s": round(produced / elapsed, 2),
-            "ttft_ms": percentiles([(run.first[r] - arrivals[r]) * 1e3 for r in order]),
-            "tpot_ms": percentiles(tpot), "_tokens": run.tokens}
+            "ttft_ms": percentiles(ttft), "tpot_ms": percentiles(tpot),
+            "samples": {"ttft_ms": samples(ttft), "tpot_ms": samples(tpot)}, "_tokens": run.tokens}
 
 
 def _agreement(tokens: dict[str, list[int]], reference: dict[str, list[int]]) -> dict:

@@ -18,7 +18,7 @@ from engines.engine_config import EngineConfig
 from engines.llm_engine import LLMEngine
 from engines.loaded_model import load_model
 from engines.sampling_params import SamplingParams
-from bench.common import machine_info, percentiles, write_json
+from bench.common import machine_info, percentiles, samples, write_json
 from bench.engine.hf_static import run_hf_static
 from bench.datasets.sharegpt import BenchRequest, load_sharegpt_requests
 
@@ -51,12 +51,14 @@ def run_engine_offline(engine: LLMEngine, requests: list[BenchRequest], progress
     tokens = sum(expected.values())
     tpot = [(last[r.request_id] - first[r.request_id]) / (r.output_len - 1) * 1e3
             for r in requests if r.output_len > 1]
+    ttft = [(first[r.request_id] - started) * 1e3 for r in requests]
     return {
         "elapsed_s": elapsed,
         "output_tokens": tokens,
         "output_tokens_per_s": tokens / elapsed,
-        "ttft_ms": percentiles([(first[r.request_id] - started) * 1e3 for r in requests]),
+        "ttft_ms": percentiles(ttft),
         "tpot_ms": percentiles(tpot),
+        "samples": {"ttft_ms": samples(ttft), "tpot_ms": samples(tpot)},
         "engine_stats": engine.stats.as_dict(),
         "kv_fragmentation": engine.stats.kv_fragmentation,
     }

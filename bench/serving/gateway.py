@@ -31,6 +31,7 @@ from policies.config import hash_api_key
 
 BARS = {"p50": 1.0, "p99": 5.0}
 _KEY = "bench-key-interactive"
+ADMIN_KEY = "bench-key-admin"     # the console poller's (--console)
 
 
 
@@ -44,6 +45,8 @@ auth:
   keys:
     - {{tenant: app, sha256: {hash_api_key(_KEY)}, name: bench}}
     - {{tenant: batch, sha256: {hash_api_key("bench-key-batch")}}}
+  admin_keys:
+    - {{sha256: {hash_api_key(ADMIN_KEY)}, name: console}}
 tenants:
   app: {{class: interactive, allow_profile_hint: true}}
   batch: {{class: batch, allow_profile_hint: false}}
@@ -140,7 +143,10 @@ async def _measure(targets: dict[str, tuple[int, int | None]], payloads: list[by
     return {name: _summary(results[name], cpu[name] if targets[name][1] else None) for name in targets}
 
 
-def run_gateway_bench(json_out: str, rate: float, seconds: float, rounds: int, stream_share: float) -> int:
+def run_gateway_bench(json_out: str, rate: float, seconds: float, rounds: int, stream_share: float,
+                      with_console: bool = False, console_concurrency: int = 32) -> int:
+    """`with_console`: also measure the gateway's throughput with and without an open console
+    (bench/serving/console_overhead.py), on the memory-store gateway, after the latency passes."""
     console = Console(stderr=True)
     workdir = Path(tempfile.mkdtemp(prefix="tiergate-bench-gw-"))
     up_port, gw_port, redis_gw_port, redis_port = free_port(), free_port(), free_port(), free_port()
@@ -177,6 +183,15 @@ def run_gateway_bench(json_out: str, rate: float, seconds: float, rounds: int, s
             pair = {"direct": targets["direct"], name: targets[name]}
             passes[name] = _run_loop(_measure(pair, _payloads(stream_share), rate, seconds, rounds, console))
         load_after = loadavg()
+        console_cost = None
+        if with_console:
+            from bench.serving.console_overhead import measure_console_cost
+            port, pid = targets["gateway"]
+            console.print(f"console cost: closed loop, {console_concurrency} clients, {rounds} rounds x "
+                          f"{seconds:.0f} s per side")
+            console_cost = _run_loop(measure_console_cost(
+                "127.0.0.1", port, pid, _payloads(stream_share), concurrency=console_concurrency, seconds=seconds,
+                rounds=rounds, key=ADMIN_KEY, log=console.print))
     finally:
         stop_processes(procs)
 
@@ -205,6 +220,8 @@ def run_gateway_bench(json_out: str, rate: float, seconds: float, rounds: int, s
     }
     if "gateway_redis" in results:
         report["redis"] = results["gateway_redis"]
+    if console_cost is not None:
+        report["console"] = console_cost
     write_json(json_out, report)
     table = Table(title=f"gateway vs direct at {rate:.0f} req/s")
     for col in ("", "p50 ms", "p90 ms", "p99 ms", "errors", "CPU ms/req"):
@@ -221,5 +238,11 @@ def run_gateway_bench(json_out: str, rate: float, seconds: float, rounds: int, s
         meets = res["meets_bars"]
         console.print(f"{name}: bars p50 <= {BARS['p50']} ms: {meets['p50']}, p99 <= {BARS['p99']} ms: {meets['p99']}; "
                       f"achieved {res['gateway']['achieved_rate']} req/s")
+    if console_cost is not None:
+        c = console_cost
+        console.print(f"console open: {c['throughput_with_console_rps']} req/s vs "
+                      f"{c['throughput_without_console_rps']} "
+                      f"without (ratio {c['ratio']}, cost {c['cost']}); {c['gateway_cpu_ms_per_poll']} ms CPU per poll "
+                      f"= {c['cpu_share_of_one_poll_per_s']} of the gateway's CPU at full load")
     console.print(f"wrote {json_out}")
     return 0

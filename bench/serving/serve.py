@@ -20,7 +20,7 @@ import httpx
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from bench.common import machine_info, percentiles, write_json
+from bench.common import machine_info, percentiles, samples, write_json
 
 
 @dataclass(frozen=True)
@@ -138,6 +138,8 @@ async def run_load(base_url: str, model: str | None, requests: list[ServeRequest
 def summarize(model: str, results: list[ServeResult], elapsed: float) -> dict:
     done = [r for r in results if r.ok]
     out_tokens = sum(r.completion_tokens for r in done)
+    ttft = [r.ttft_s * 1e3 for r in done]
+    tpot = [sum(r.chunk_gaps_s) / len(r.chunk_gaps_s) * 1e3 for r in done if r.chunk_gaps_s]
     return {
         "model": model,
         "requests": len(results),
@@ -149,12 +151,13 @@ def summarize(model: str, results: list[ServeResult], elapsed: float) -> dict:
         "input_tokens": sum(r.prompt_tokens for r in done),
         "output_tokens": out_tokens,
         "output_tokens_per_s": out_tokens / elapsed if elapsed else 0.0,
-        "ttft_ms": percentiles([r.ttft_s * 1e3 for r in done]),
+        "ttft_ms": percentiles(ttft),
         # TPOT per request: the mean gap between content chunks after the first one
-        "tpot_ms": percentiles([sum(r.chunk_gaps_s) / len(r.chunk_gaps_s) * 1e3 for r in done if r.chunk_gaps_s]),
+        "tpot_ms": percentiles(tpot),
         "itl_ms": percentiles([g * 1e3 for r in done for g in r.chunk_gaps_s]),
         "e2e_ms": percentiles([r.e2e_s * 1e3 for r in done]),
         "served_by": dict(Counter(r.served_by for r in done if r.served_by)),
+        "samples": {"ttft_ms": samples(ttft), "tpot_ms": samples(tpot)},
     }
 
 

@@ -113,13 +113,16 @@ class GatewayMetrics:
     def breaker_events(self, events: Iterable[tuple[str, str]]) -> None:
         """A request's breaker steps (its context's breaker_events, in order): (tier, event) with
         event "open"/"half_open" (call refused), "opened"/"closed" (a transition the request
-        caused), or a recorded outcome ("success", "failure", ...: a call was let through)."""
+        caused), "probe" (a half-open breaker let the call through), or a recorded outcome
+        ("success", "failure", ...: a call was let through)."""
         seen = self._breakers_seen
         for tier, event in events:
             if event in BREAKER_STATES:            # refused while open / half-open, or closed by a probe
                 seen[tier] = event
             elif event == "opened":
                 seen[tier] = "open"
+            elif event == "probe":                 # a half-open breaker let this call through
+                seen[tier] = "half_open"
             elif seen.get(tier) == "open":          # an open breaker lets only probes through
                 seen[tier] = "half_open"
             else:

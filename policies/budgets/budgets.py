@@ -61,6 +61,9 @@ class Budgets:
         self._releases: deque[Reservation] = deque()  # reserves that may have run before a failure
         self._replayer: asyncio.Task | None = None
         self.stats = {"degraded_admissions": 0, "store_failures": 0, "replayed": 0, "dropped": 0}
+        # The last outages of the shared store (the operator console shows them): when each began
+        # and ended, the error, the policy, and how many requests were admitted locally meanwhile.
+        self.outages: deque[dict] = deque(maxlen=20)
 
     @classmethod
     def from_config(cls, config: LimitsConfig) -> Budgets:
@@ -187,13 +190,27 @@ class Budgets:
         if not self._in_outage:
             self._in_outage = True
             log.warning("budget store unreachable (%s); policy: fail-%s", exc, self._config.store.on_store_failure)
+            self.outages.append({"started": time.time(), "ended": None, "error": str(exc)[:300],
+                                 "policy": self._config.store.on_store_failure,
+                                 "degraded_at_start": self.stats["degraded_admissions"], "degraded_admissions": 0})
         self._down_until = time.monotonic() + self._config.store.reconnect_interval_s
 
     def _mark_up(self) -> None:
         self._down_until = 0.0
         if self._in_outage:
             self._in_outage = False
+            if self.outages:
+                self._outage_figures(self.outages[-1])["ended"] = time.time()
             log.warning("budget store reachable again; %d reconciliations to replay", self.pending_replays)
+
+    def _outage_figures(self, outage: dict) -> dict:
+        if outage["ended"] is None:
+            outage["degraded_admissions"] = self.stats["degraded_admissions"] - outage["degraded_at_start"]
+        return outage
+
+    def outage_log(self) -> list[dict]:
+        """The last outages, oldest first, with the local admissions of the one still going on."""
+        return [dict(self._outage_figures(o)) for o in self.outages]
 
     def _queue_usage(self, reservation: Reservation, tokens: int, cost: int) -> None:
         if len(self._pending) >= self._config.store.replay_queue_max:

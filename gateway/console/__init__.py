@@ -1,0 +1,1 @@
+"""The operator console: a page at /console and the JSON it polls (see docs/CONSOLE.md)."""
