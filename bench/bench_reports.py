@@ -74,7 +74,43 @@ def serve_report(doc: dict, directory: str | Path) -> Path:
                    s["ttft_ms"]["p99"], s["tpot_ms"]["p50"], s["tpot_ms"]["p99"], s["failed"]]
                   for name, s in sides.items()])
     report.figure(_cdf_figure(sides), "latency_cdf", "TTFT and TPOT CDFs")
+    if len(doc.get("levels") or ()) > 1 or doc.get("compare"):
+        _serve_levels(report, doc["levels"])
     return report.write()
+
+
+def _serve_levels(report: MarkdownReport, levels: list[dict]) -> None:
+    """Each concurrency level on both servers: a table with the ratios, and the figures plotted
+    against concurrency."""
+    names = [n for n in ("server", "compare") if n in levels[0]]
+    report.heading("By concurrency")
+    headers = ["concurrency"] + [f"{n} {k}" for n in names for k in ("tok/s", "TTFT p50", "TPOT p50")]
+    if "compare" in names:
+        headers.append("tok/s ratio")
+    rows = []
+    for level in levels:
+        row = [level["concurrency"]]
+        for n in names:
+            row += [level[n]["output_tokens_per_s"], level[n]["ttft_ms"].get("p50"), level[n]["tpot_ms"].get("p50")]
+        if "compare" in names:
+            row.append(level["ratio"]["output_tokens_per_s"])
+        rows.append(row)
+    report.table(headers, rows)
+    figure = new_figure(15, 4.2)
+    xs = [level["concurrency"] for level in levels]
+    for ax, (key, pct, title) in zip(figure.subplots(1, 3), (("output_tokens_per_s", None, "output tokens/s"),
+                                                             ("ttft_ms", "p50", "TTFT p50, ms"),
+                                                             ("tpot_ms", "p50", "TPOT p50, ms"))):
+        for n in names:
+            ys = [level[n][key] if pct is None else level[n][key].get(pct) for level in levels]
+            ax.plot(xs, ys, "o-", label=n)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(xs, [str(x) for x in xs])
+        ax.set_xlabel("concurrency (requests in flight)")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    report.figure(figure, "by_concurrency", "throughput, TTFT and TPOT against concurrency")
 
 
 def offline_report(doc: dict, directory: str | Path) -> Path:

@@ -65,7 +65,8 @@ def add_bench_parsers(bench_sub) -> None:
     arrivals = serve.add_mutually_exclusive_group()
     arrivals.add_argument("--request-rate", type=float, default=float("inf"),
                           help="Poisson arrivals at this many requests/s (default inf: all at once)")
-    arrivals.add_argument("--concurrency", type=int, help="fixed number of requests in flight instead")
+    arrivals.add_argument("--concurrency", help="fixed number of requests in flight instead; a comma list "
+                                                 "(1,8,32) runs each level in turn")
     serve.add_argument("--max-prompt-tokens", type=int, default=512)
     serve.add_argument("--max-tokens", type=int, default=128, help="cap on each request's output tokens")
     serve.add_argument("--api-key", help="bearer key (default: $TIERGATE_API_KEY, else none)")
@@ -73,6 +74,12 @@ def add_bench_parsers(bench_sub) -> None:
     serve.add_argument("--ignore-eos", action="store_true", help="ask the server to always emit --max-tokens")
     serve.add_argument("--header", action="append", default=[], metavar="NAME:VALUE",
                        help="extra request header (repeatable), e.g. 'x-tiergate-profile: latency'")
+    serve.add_argument("--compare", metavar="URL", help="a second OpenAI-compatible server (base URL ending in "
+                                                         "/v1) run on the same requests in the same command")
+    serve.add_argument("--compare-model", help="model name for --compare (default: the first it lists)")
+    serve.add_argument("--compare-api-key", help="bearer key for --compare (default: none)")
+    serve.add_argument("--warmup", type=int, default=4, help="unmeasured requests per server before a "
+                                                             "--compare or multi-level run")
     serve.add_argument("--report", dest="report_dir", help="also write DIR/report.md with PNG plots")
     serve.set_defaults(run=_reported("serve", _bench_serve))
     soak = bench_sub.add_parser("soak", help="a long run at a share of measured capacity: RSS growth and p99 drift")
@@ -206,8 +213,9 @@ def _bench_serve(args: argparse.Namespace) -> int:
     from bench.serving.serve import run_serve_bench
     if args.num_requests < 1 or args.request_rate <= 0 or args.max_tokens < 1 or args.max_prompt_tokens < 1:
         raise UsageError("--num-requests, --request-rate, --max-tokens and --max-prompt-tokens must be positive")
-    if args.concurrency is not None and args.concurrency < 1:
-        raise UsageError("--concurrency must be >= 1")
+    levels = _concurrency_levels(args.concurrency)
+    if args.warmup < 0:
+        raise UsageError("--warmup must be >= 0")
     api_key = args.api_key or os.environ.get("TIERGATE_API_KEY")
     headers = {}
     for item in args.header:
@@ -215,9 +223,29 @@ def _bench_serve(args: argparse.Namespace) -> int:
         if not sep or not name.strip():
             raise UsageError(f"--header must look like 'name: value', got {item!r}")
         headers[name.strip()] = value.strip()
+    if args.compare or (levels is not None and len(levels) > 1):
+        from bench.serving.compare import Target, run_sweep_bench
+        if levels is None:
+            raise UsageError("--compare runs closed loop: give --concurrency (a level or a comma list)")
+        primary = Target(args.base_url, args.model, api_key, headers)
+        compare = Target(args.compare, args.compare_model, args.compare_api_key) if args.compare else None
+        return run_sweep_bench(args.json_out, primary, compare, levels, args.num_requests, args.max_prompt_tokens,
+                               args.max_tokens, args.seed, args.ignore_eos, args.warmup)
     return run_serve_bench(args.json_out, args.base_url, args.model, args.num_requests, args.request_rate,
-                           args.concurrency, args.max_prompt_tokens, args.max_tokens, api_key, args.seed,
-                           args.ignore_eos, headers)
+                           levels[0] if levels else None, args.max_prompt_tokens, args.max_tokens, api_key,
+                           args.seed, args.ignore_eos, headers)
+
+
+def _concurrency_levels(text: str | None) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        levels = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise UsageError(f"--concurrency takes a number or a comma list of numbers, not {text!r}") from None
+    if not levels or min(levels) < 1:
+        raise UsageError("--concurrency levels must be >= 1")
+    return levels
 
 
 def _bench_ladder(args: argparse.Namespace) -> int:

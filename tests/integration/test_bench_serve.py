@@ -140,3 +140,38 @@ def test_extra_headers_reach_the_server_and_tiers_are_counted(scripted_server):
     plain = asyncio.run(run_load(url, "scripted", requests, request_rate=float("inf"), concurrency=None,
                                  api_key=None, seed=0, ignore_eos=False, progress=False))
     assert hinted["served_by"] == {"fast": 5} and plain["served_by"] == {"small": 5}
+
+
+def test_compare_runs_every_level_on_both_servers_in_turn(scripted_server, tmp_path):
+    """`--compare`: both servers take the same requests at each level, the first side alternates,
+    warm-up requests are not counted, and the ratios are ours over theirs."""
+    from bench.bench_reports import serve_report
+    from bench.serving.compare import Target, run_levels
+
+    url, state = scripted_server
+    requests = [ServeRequest(f"r{i}", f"q{i}", 3) for i in range(6)]
+    primary = Target(url, headers={"x-tiergate-profile": "latency"})     # answered as tier "fast"
+    levels = asyncio.run(run_levels(primary, Target(url, "scripted"), requests, [1, 3], ignore_eos=False,
+                                    seed=0, warmup=2))
+    assert [lv["concurrency"] for lv in levels] == [1, 3] and [lv["first"] for lv in levels] == ["server", "compare"]
+    for lv in levels:
+        assert lv["server"]["served_by"] == {"fast": 6} and lv["compare"]["served_by"] == {"small": 6}
+        assert lv["server"]["completed"] == lv["compare"]["completed"] == 6
+        ratio = lv["ratio"]["output_tokens_per_s"]
+        assert ratio == pytest.approx(lv["server"]["output_tokens_per_s"] / lv["compare"]["output_tokens_per_s"])
+    assert state.max_in_flight >= 3
+    doc = {"machine": {}, "workload": {}, "server": levels[-1]["server"], "compare": levels[-1]["compare"],
+           "levels": levels}
+    text = serve_report(doc, tmp_path).read_text()
+    assert "By concurrency" in text and (tmp_path / "by_concurrency.png").stat().st_size > 0
+
+
+def test_concurrency_list_and_compare_usage_errors(tmp_path, capsys):
+    from gateway.cli.main import main
+
+    out = str(tmp_path / "s.json")
+    assert main(["bench", "serve", "--json", out, "--concurrency", "1,x"]) == 2
+    assert "comma list" in capsys.readouterr().err
+    assert main(["bench", "serve", "--json", out, "--concurrency", "0,8"]) == 2
+    assert main(["bench", "serve", "--json", out, "--compare", "http://127.0.0.1:9/v1"]) == 2
+    assert "give --concurrency" in capsys.readouterr().err
