@@ -235,7 +235,31 @@ def gateway_report(doc: dict, directory: str | Path) -> Path:
     return report.write()
 
 
-WRITERS = {"serve": serve_report, "offline": offline_report, "ladder": ladder_report, "prefix": prefix_report,
+def profile_report(doc: dict, directory: str | Path) -> Path:
+    report = MarkdownReport(directory, "tiergate bench profile")
+    _machine(report, doc)
+    batches, categories = doc["batches"], doc["categories"]
+    report.table(["part"] + [f"batch {b['batch']} ms" for b in batches] + [f"batch {b['batch']} share" for b in batches],
+                 [[c] + [b["ms_per_step"][c] for b in batches] + [b["share"][c] for b in batches] for c in categories]
+                 + [["step"] + [b["step_ms"]["mean"] for b in batches] + [1.0 for _ in batches],
+                    ["output tok/s"] + [b["output_tokens_per_s"] for b in batches] + [None for _ in batches]])
+    figure = new_figure(9, 4.5)
+    ax = figure.subplots()
+    bottoms = [0.0] * len(batches)
+    labels = [str(b["batch"]) for b in batches]
+    for c in categories:
+        shares = [b["share"][c] for b in batches]
+        ax.bar(labels, shares, bottom=bottoms, label=c)
+        bottoms = [x + y for x, y in zip(bottoms, shares)]
+    ax.set_xlabel("batch size (sequences decoding)")
+    ax.set_ylabel("share of the decode step")
+    ax.set_title("where a decode step's time goes")
+    ax.legend(fontsize=7, ncol=2, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    report.figure(figure, "step_profile", "share of a decode step per part, by batch size")
+    return report.write()
+
+
+WRITERS = {"profile": profile_report, "serve": serve_report, "offline": offline_report, "ladder": ladder_report, "prefix": prefix_report,
            "spec": spec_report, "gateway": gateway_report}
 
 

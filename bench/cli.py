@@ -95,6 +95,18 @@ def add_bench_parsers(bench_sub) -> None:
     soak.add_argument("--max-tokens", type=int, default=32, help="output tokens of every request (EOS ignored)")
     soak.add_argument("--seed", type=int, default=0)
     soak.set_defaults(run=_bench_soak)
+    prof = bench_sub.add_parser("profile", help="where a decode step's time goes (GEMMs, attention, norms, "
+                                                "sampling, scheduling...) at several batch sizes")
+    prof.add_argument("--json", required=True, dest="json_out")
+    prof.add_argument("--batch-sizes", default="1,8,32,128")
+    prof.add_argument("--model", default="default", help="'default', 'qwen', a .gguf file or an HF directory")
+    prof.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
+    prof.add_argument("--quantization", choices=["int8", "int4-rtn", "int4-gguf", "fp8"],
+                      help="weights quantized in-process before profiling (default: unquantized)")
+    prof.add_argument("--steps", type=int, default=16, help="decode steps timed per batch size")
+    prof.add_argument("--max-prompt-tokens", type=int, default=256)
+    prof.add_argument("--report", dest="report_dir", help="also write DIR/report.md with PNG plots")
+    prof.set_defaults(run=_reported("profile", _bench_profile))
     ladder = bench_sub.add_parser("ladder", help="the optimisation stack one rung at a time: batching, INT4 AWQ, "
                                                  "prefix cache, INT8 KV, speculative decoding")
     ladder.add_argument("--json", required=True, dest="json_out")
@@ -154,6 +166,18 @@ def _reported(kind: str, run):
             print(f"wrote {write_report(kind, args.json_out, args.report_dir)}")
         return code
     return run_then_report
+
+
+def _bench_profile(args: argparse.Namespace) -> int:
+    from bench.engine.profile import run_profile_bench
+    try:
+        sizes = [int(x) for x in args.batch_sizes.split(",")]
+    except ValueError:
+        raise UsageError(f"--batch-sizes takes a comma list of numbers, not {args.batch_sizes!r}") from None
+    if not sizes or min(sizes) < 1 or args.steps < 1 or args.max_prompt_tokens < 1:
+        raise UsageError("--batch-sizes, --steps and --max-prompt-tokens must be >= 1")
+    return run_profile_bench(args.json_out, sizes, args.model, args.dtype, args.quantization, args.steps,
+                             args.max_prompt_tokens)
 
 
 def _bench_structured(args: argparse.Namespace) -> int:
