@@ -172,13 +172,18 @@ class AsyncEngine:
         self._stop(_SHUT_DOWN)
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:
+        """One hand-over per event loop per step, not one per request: each call_soon_threadsafe
+        wakes the loop (a write to its self-pipe) and takes the GIL from the next step's Python."""
+        batches: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, RequestOutput]]] = {}
         for out in outputs:
             sink = self._sinks.get(out.request_id)
             if sink is None:
                 continue
             if out.finished:
                 del self._sinks[out.request_id]
-            _put(sink[1], sink[0], out)
+            batches.setdefault(sink[1], []).append((sink[0], out))
+        for loop, items in batches.items():
+            _put_all(loop, items)
 
     def _step_failed(self) -> bool:
         """Drop the failed step's requests (freeing their blocks); True if the engine is now dead."""
@@ -236,6 +241,17 @@ class AsyncEngine:
             except Exception:  # noqa: BLE001
                 pass
             self._fail(request_id, EngineDeadError(reason))
+
+
+def _put_all(loop: asyncio.AbstractEventLoop, items: list[tuple[asyncio.Queue, RequestOutput]]) -> None:
+    """Hand a step's outputs to their waiters on one loop, in one callback."""
+    def put_all() -> None:
+        for sink, item in items:
+            sink.put_nowait(item)
+    try:
+        loop.call_soon_threadsafe(put_all)
+    except RuntimeError:
+        pass
 
 
 def _put(loop: asyncio.AbstractEventLoop, sink: asyncio.Queue, item) -> None:
