@@ -37,6 +37,7 @@ from gateway.tiers.base import TierAnswer, TierCall, TierFailure
 from policies.breakers import Outcome
 from policies.classify import RequestFeatures
 from policies.policy_config import PROFILES
+from policies.language_signal import language_signal
 from policies.request_signals import code_signal, prompt_window
 from policies.route import RouteDecision
 
@@ -158,9 +159,11 @@ class Pipeline:
         elif rt.classifier.needs_prompt_tokens or rt.estimates[body.model]:
             ctx.prompt_tokens_estimate = self._count_prompt(rt, call)
         chat = isinstance(body, ChatCompletionRequest)
-        code = code_signal(_prompt_text(body)) if rt.wants_code_signal else None
+        text = _prompt_text(body) if rt.wants_code_signal or rt.wants_language_signal else ""
+        code = code_signal(text) if rt.wants_code_signal else None
+        language = language_signal(text) if rt.wants_language_signal else None
         features = RequestFeatures(ctx.endpoint, body.model, ctx.tenant, ctx.tenant_class, body.stream, body.n,
-                                   body.output_limit, ctx.prompt_tokens_estimate, code,
+                                   body.output_limit, ctx.prompt_tokens_estimate, code, language,
                                    tools=chat and bool(body.tools), json_schema=_wants_json(body))
         verdict = rt.classifier.classify(features, hint, tenant.allow_profile_hint)
         ctx.profile, ctx.profile_source, ctx.reasons = verdict.profile, verdict.source, verdict.reasons

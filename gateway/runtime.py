@@ -50,6 +50,7 @@ class Runtime:
     max_body_bytes: int = field(init=False)
     # Whether some rule reads the code detector's verdict (it runs only then).
     wants_code_signal: bool = field(init=False)
+    wants_language_signal: bool = field(init=False)
     # Budgets, breakers and retry budget: set by the holder when the app starts and
     # carried over (or reconfigured) on each reload; see gateway/limits.py.
     limits: GatewayLimits | None = field(default=None, init=False)
@@ -60,6 +61,7 @@ class Runtime:
         self.router = Router(cfg.models, cfg.routing.rules)
         self.keys = KeyTable(cfg.auth)
         self.wants_code_signal = self.classifier.needs_code_signal or self.router.needs_code_signal
+        self.wants_language_signal = self.router.needs_language_signal
         self.max_body_bytes = int(cfg.server.max_body_bytes)
         self.counters, self.estimates = {}, {}
         for alias, model in cfg.models.items():

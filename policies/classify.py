@@ -27,6 +27,7 @@ class RequestFeatures:
     max_tokens: int | None = None  # None: the client left it to the context length
     prompt_tokens: int | None = None
     code: str | None = None        # why the prompt looks like code (policies/request_signals.py); None: it does not
+    language: str | None = None    # why it looks not English (policies/language_signal.py); None: English or unknown
     tools: bool = False            # the request carries tools
     json_schema: bool = False      # the request asks for structured output (response_format json)
 
@@ -138,6 +139,8 @@ class Classifier:
         needs = []
         if features.code is not None:
             needs.append("code")
+        if features.language is not None:
+            needs.append("non_english")
         if features.tools:
             needs.append("tools")
         if features.json_schema:
@@ -173,5 +176,6 @@ class Classifier:
 def _with_needs(reasons: list[str], needs: frozenset[str], features: RequestFeatures) -> list[str]:
     if not needs:
         return reasons
-    named = [f"code ({features.code})" if n == "code" else n for n in sorted(needs)]
+    detail = {"code": features.code, "non_english": features.language}
+    named = [f"{n} ({detail[n]})" if detail.get(n) else n for n in sorted(needs)]
     return [*reasons, "needs " + ", ".join(named)]

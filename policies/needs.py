@@ -14,7 +14,7 @@ from typing import Literal, get_args
 Capability = Literal["tools", "json_schema"]
 CAPABILITIES: frozenset[str] = frozenset(get_args(Capability))
 
-Need = Literal["code", "long_context", "tools", "json_schema"]
+Need = Literal["code", "non_english", "long_context", "tools", "json_schema"]
 NEEDS: tuple[str, ...] = get_args(Need)
 
 # What a tier kind can do when its config does not say: an upstream server is taken to accept

@@ -62,8 +62,9 @@ class Router:
                            tuple(r.chain), r.cascade)
             for i, r in enumerate(rules)
         ]
-        # The code detector runs only when some rule looks at its verdict.
+        # The code and language detectors run only when some rule looks at their verdicts.
         self.needs_code_signal = any(r.needs is not None and "code" in r.needs for r in self._rules)
+        self.needs_language_signal = any(r.needs is not None and "non_english" in r.needs for r in self._rules)
 
     def knows(self, model: str) -> bool:
         return model in self._models

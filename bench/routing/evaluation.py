@@ -27,6 +27,7 @@ class PromptMeasurement:
     small: ExchangeScore        # with the prompt's mean logprob
     large: ExchangeScore
     probe: Probe                # the small tier's first greedy tokens
+    language_reason: str | None = None   # policies.language_signal.language_signal of the question
 
 
 def routing_table(rows: list[PromptMeasurement], small_cost: TierCost, large_cost: TierCost) -> RoutingTable:
@@ -63,11 +64,13 @@ def evaluate_routers(rows: list[PromptMeasurement], small_cost: TierCost, large_
     table = routing_table(rows, small_cost, large_cost)
     probes = probe_records(rows)
     is_code = np.array([r.code_reason is not None for r in rows])
+    # what the default config's rules send to large before any tier runs: code, then non-English
+    forced = is_code | np.array([r.language_reason is not None for r in rows])
     prompt_tokens = np.array([p.prompt_tokens for p in probes])
     generated = np.array([min(probe_tokens, len(p.probe_logprobs)) for p in probes])
     wasted = small_cost.probe(prompt_tokens, generated)
     cascade_conf = probe_confidence(probes, signal, probe_tokens)
-    tiergate = threshold_sweep(table, cascade_conf, signal, is_code, wasted)
+    tiergate = threshold_sweep(table, cascade_conf, signal, forced, wasted)
     cascade = threshold_sweep(table, cascade_conf, signal, wasted_cost=wasted)
     oracle = oracle_curve(table)
     sampled = random_sampled_curve(table, seed)
@@ -83,13 +86,14 @@ def evaluate_routers(rows: list[PromptMeasurement], small_cost: TierCost, large_
                         "curve": [p.as_dict() for p in sampled]},
         },
         "code_signal": evaluate(table, is_code).as_dict(),
+        "prompt_signals": evaluate(table, forced).as_dict(),
         "tiergate": _sweep_entry(table, tiergate, share, description=(
-            f"code prompts to large; the rest start on small and escalate when {signal} over the first "
+            f"code and non-English prompts to large; the rest start on small and escalate when {signal} over the first "
             f"{probe_tokens} greedy tokens falls short of the threshold"), signal=signal, tokens=probe_tokens,
             min_share=tiergate[0].share),
         "cascade_only": _sweep_entry(table, cascade, share, signal=signal, tokens=probe_tokens),
     }
-    signals = {c.name: judge_signal(table, c, share, is_code)
+    signals = {c.name: judge_signal(table, c, share, forced)
                for c in candidate_signals(probes, small_cost.probe)}
     router_gap = routers["tiergate"][share_key(share)]["gap_recovered"]
     random_gap = routers["random"][share_key(share)]["gap_recovered"]

@@ -27,9 +27,9 @@ def _frontier_figure(report: dict):
                 label=f"random (seed {routers['random']['sampled']['seed']})")
         ax.plot(*_xy(routers["cascade_only"]["sweep"], x), color="tab:orange", lw=1.3,
                 label=f"cascade only ({routers['cascade_only']['signal']}@{routers['cascade_only']['tokens']})")
-        ax.plot(*_xy(routers["tiergate"]["sweep"], x), color="tab:blue", lw=2, label="tiergate (code + cascade)")
+        ax.plot(*_xy(routers["tiergate"]["sweep"], x), color="tab:blue", lw=2, label="tiergate (code, non-English + cascade)")
         for name, marker, color in (("small_only", "o", "tab:green"), ("large_only", "s", "tab:red"),
-                                    ("code_signal", "D", "tab:purple")):
+                                    ("code_signal", "D", "tab:purple"), ("prompt_signals", "P", "tab:brown")):
             ax.plot(*_xy([routers[name]], x), marker, color=color, ms=7, label=name.replace("_", " "))
         ax.plot(*_xy([routers["tiergate"][key]], x), "*", color="tab:blue", ms=13, label=f"tiergate {key}")
         if x == "share":
@@ -84,10 +84,12 @@ def write_routing_report(report: dict, directory: str | Path) -> Path:
         ["escalated TTFT vs large alone", latency["escalated_vs_large_ttft"]],
         ["mean bpb small / large", f"{small['mean_bpb']:.4f} / {large['mean_bpb']:.4f}"],
         ["code prompts", workload["code_prompts"]],
+        ["non-English prompts", workload.get("non_english_prompts", 0)],
     ])
     md.heading("Routers")
     rows = [["small only", routers["small_only"]], ["large only", routers["large_only"]],
-            ["code signal", routers["code_signal"]], [f"oracle {key}", routers["oracle"][key]],
+            ["code signal", routers["code_signal"]], ["code or non-English", routers["prompt_signals"]],
+            [f"oracle {key}", routers["oracle"][key]],
             [f"random {key} (expected)", routers["random"][key]],
             [f"random {key} (seeded draw)", routers["random"]["sampled"][key]],
             [f"tiergate {key}", routers["tiergate"][key]], [f"cascade only {key}", routers["cascade_only"][key]]]
@@ -99,7 +101,7 @@ def write_routing_report(report: dict, directory: str | Path) -> Path:
     md.paragraph("AUC: how often a prompt that gains more than the median from the large tier gets less "
                  "confidence than one that gains less (0.5 = no information). APGR: the area under the "
                  "frontier (random = 0.5).")
-    md.table(["signal", "AUC", "Spearman vs gain", "APGR", f"gap {key}", f"gap {key} with code signal"],
+    md.table(["signal", "AUC", "Spearman vs gain", "APGR", f"gap {key}", f"gap {key} behind the prompt signals"],
              [[name, e["auc_large_helps"], e["spearman_with_gain"], e["apgr"], e[key]["gap_recovered"],
                e[f"with_code_signal_{key}"]["gap_recovered"]] for name, e in report["signals"].items()])
     md.figure(_signals_figure(report), "signals", "Frontier of each candidate signal")

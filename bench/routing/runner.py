@@ -30,6 +30,7 @@ from bench.routing.speed import BatchSpeed, RequestTiming, SingleStreamTimer, be
 from bench.routing.workload import RoutingPrompt, WorkloadCaps, load_routing_prompts, slice_bounds
 from engines.loaded_model import load_model
 from policies.cascade import CascadeSignal
+from policies.language_signal import language_signal
 from policies.request_signals import code_signal
 
 
@@ -145,7 +146,8 @@ def run_routing_bench(json_out: str, report_dir: str | None, options: RoutingOpt
     large_scores = _score_all(large, prompts, console, "large", prompt_logprobs=False)
     small_speed, large_speed, latency = _measure_speeds(small, large, prompts, options, console)
 
-    rows = [PromptMeasurement(p.prompt_id, p.record_index, code_signal(p.question), s, l, probe)
+    rows = [PromptMeasurement(p.prompt_id, p.record_index, code_signal(p.question), s, l, probe,
+                              language_signal(p.question))
             for p, s, l, probe in zip(prompts, small_scores, large_scores, probes)]
     small_cost, large_cost = _tier_cost(small_speed, cores), _tier_cost(large_speed, cores)
     result = evaluate_routers(rows, small_cost, large_cost, options.probe_tokens, options.signal, options.share,
@@ -179,6 +181,7 @@ def build_report(options: RoutingOptions, prompts: list[RoutingPrompt], rows: li
             **asdict(options.caps),
             "references_truncated": sum(p.reference_truncated for p in prompts),
             "code_prompts": sum(r.code_reason is not None for r in rows),
+            "non_english_prompts": sum(r.language_reason is not None for r in rows),
             "probe_tokens": options.probe_tokens, "cascade_signal": options.signal,
             "quality": "bits per byte of the reference answer, teacher-forced, each model in its own chat "
                        "template; lower is better; `quality` fields are -bpb",
@@ -203,6 +206,7 @@ def build_report(options: RoutingOptions, prompts: list[RoutingPrompt], rows: li
 def _prompt_row(row: PromptMeasurement) -> dict:
     s, l = row.small, row.large
     return {"id": row.prompt_id, "record": row.record_index, "code": row.code_reason,
+            "non_english": row.language_reason,
             "small_bpb": s.bits_per_byte, "large_bpb": l.bits_per_byte, "reference_bytes": s.answer_bytes,
             "small_prompt_tokens": s.prompt_tokens, "large_prompt_tokens": l.prompt_tokens,
             "small_reference_tokens": s.answer_tokens, "large_reference_tokens": l.answer_tokens,
@@ -224,6 +228,7 @@ def _summary(report: dict) -> Table:
     row("small only", routers["small_only"])
     row("large only", routers["large_only"])
     row("code signal", routers["code_signal"])
+    row("code or non-English", routers["prompt_signals"])
     row(f"oracle {key}", routers["oracle"][key])
     row(f"random {key}", routers["random"][key])
     row(f"tiergate {key}", routers["tiergate"][key])

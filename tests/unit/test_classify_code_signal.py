@@ -21,7 +21,10 @@ from policies.request_signals import WINDOW_CHARS, code_signal, prompt_window
     ("Traceback (most recent call last):\n  File \"a.py\", line 3", "syntax traceback"),
     ("Write a python function that reverses a string", "words function, python"),
     ("Why does my regex not match in JavaScript?", "words javascript, regex"),
-    ("My C++ code segfaults when the compiler optimizes it", "words c++, code, compiler"),
+    ("My C++ code segfaults when the compiler optimizes it", "words c++, compiler"),
+    ("Can you show me VBA Code to export my Calendar items to an excel File", "words vba"),   # one software word
+    ("using swift vapor can I generate a swagger api automatically?", "words api, swagger"),
+    ("Write a function that adds two numbers", "asks to write"),                          # weak word + request
 ])
 def test_fires_on_code(text, why):
     assert why in (code_signal(text) or "")
@@ -31,6 +34,9 @@ def test_fires_on_code(text, why):
     "The python is a large snake found in Africa and Asia; it squeezes its prey.",   # one weak word
     "I found a bug in my garden this morning.",
     "The function of the liver is to filter the blood.",
+    "How does the liver function?",
+    "Write a poem about the sea.",
+    "Write a letter to my landlord about the broken heater.",
     "Please select one from the list of options.",                                  # not SQL
     "What is the capital of France?",
     "I am debugging my decoder ring with a friend.",                               # no whole domain word

@@ -27,6 +27,8 @@ def test_default_config_routes_each_profile(default_router, profile, chain):
 def test_default_config_sends_code_to_the_larger_tier_and_pins_the_concrete_model(default_router):
     code = default_router.route("local", "interactive", "auto", "latency", frozenset({"code"}))
     assert code.chain == ("large", "small") and code.reason == "route code: needs code"
+    other = default_router.route("local", "interactive", "auto", "throughput", frozenset({"non_english"}))
+    assert other.chain == ("large", "small") and other.reason == "route non-english: needs non_english"
     tools = default_router.route("local", "interactive", "auto", "throughput", frozenset({"tools"}))
     assert tools.chain == ("large", "small") and tools.reason == "route tools: needs tools"
     pinned = default_router.route("local", "interactive", "smollm2-135m-instruct", "latency", frozenset({"code"}))
