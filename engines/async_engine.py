@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from engines.errors import EngineDeadError, StepFailedError
+from engines.grammar import GrammarState
 from engines.llm_engine import LLMEngine, RequestOutput
 from engines.sampling_params import SamplingParams
 
@@ -48,6 +49,7 @@ class _Add:
     priority: int
     sink: asyncio.Queue
     loop: asyncio.AbstractEventLoop
+    grammar: GrammarState | None = None
 
 
 @dataclass
@@ -98,12 +100,15 @@ class AsyncEngine:
             raise EngineDeadError(self._stopped)
         # Raise InvalidRequestError here, in the caller, not later in the engine thread.
         self.engine.check_request(prompt_ids, params)
+        # A constraint is compiled (or found in the cache) in the compiler's worker, never on the
+        # engine thread; a bad or too slow one raises GrammarError here.
+        grammar = await self.engine.grammars.state_for(params.grammar) if params.grammar is not None else None
         sink: asyncio.Queue = asyncio.Queue()
         with self._lock:
             if self._stopped is not None:
                 raise EngineDeadError(self._stopped)
             self._commands.put(_Add(request_id, prompt_ids, params, prefix_scope, priority, sink,
-                                    asyncio.get_running_loop()))
+                                    asyncio.get_running_loop(), grammar))
         self._wakeup.set()
         finished = False
         try:
@@ -127,6 +132,7 @@ class AsyncEngine:
         self._stopping = True
         self._wakeup.set()
         self._thread.join(timeout=30)
+        self.engine.shutdown()
 
     # ---- engine thread ---------------------------------------------------------------
     def _apply_commands(self) -> None:
@@ -137,7 +143,8 @@ class AsyncEngine:
                 return
             if isinstance(cmd, _Add):
                 try:
-                    self.engine.add_request(cmd.request_id, cmd.prompt_ids, cmd.params, cmd.prefix_scope, cmd.priority)
+                    self.engine.add_request(cmd.request_id, cmd.prompt_ids, cmd.params, cmd.prefix_scope, cmd.priority,
+                                            cmd.grammar)
                 except Exception as exc:  # a bad request fails alone; accepted work goes on
                     _put(cmd.loop, cmd.sink, exc)
                     continue

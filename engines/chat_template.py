@@ -10,6 +10,7 @@ import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from engines.errors import ModelLoadError
+from engines.tool_prompt import without_tools
 
 # Used only when a model ships no template at all.
 CHATML_TEMPLATE = (
@@ -46,7 +47,21 @@ class ChatTemplate:
         except jinja2.TemplateSyntaxError as exc:
             raise ModelLoadError(f"chat template does not parse (line {exc.lineno}: {exc.message})") from None
 
-    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **extra: Any) -> str:
+    @property
+    def supports_tools(self) -> bool:
+        """The template renders `tools` and tool-call turns itself (Qwen's does; ChatML does not)."""
+        return "tools" in self.source
+
+    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+               tools: list[dict[str, Any]] | None = None, **extra: Any) -> str:
+        """`tools` (OpenAI's tool definitions) go to a template that supports them as `tools`; for
+        one that does not, the conversation is rewritten in the Hermes format first
+        (engines/tool_prompt.py). Messages may carry `tool_calls` and `tool` turns either way."""
+        if not self.supports_tools:
+            if tools or any(m.get("tool_calls") or m.get("role") == "tool" for m in messages):
+                messages = without_tools(messages, tools)
+        elif tools:
+            extra["tools"] = tools
         try:
             return self._template.render(
                 messages=messages,

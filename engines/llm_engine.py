@@ -21,6 +21,7 @@ from engines.block_manager import BlockManager
 from engines.detokenizer import IncrementalDetokenizer
 from engines.engine_config import EngineConfig
 from engines.errors import ContextLengthError, KVCapacityError
+from engines.grammar import GrammarCompiler, GrammarState
 from engines.kv_cache import KVPool
 from engines.loaded_model import LoadedModel, parse_dtype
 from engines.model_runner import ModelRunner
@@ -73,6 +74,9 @@ class LLMEngine:
         self.runner = ModelRunner(loaded.model, self.pool)
         self.sampler = Sampler(config.seed)
         self.tokenizer = loaded.tokenizer
+        # Constrained requests' grammars: compiled off the engine thread (AsyncEngine awaits
+        # `grammars.state_for`), or here in add_request for offline callers.
+        self.grammars = GrammarCompiler(loaded.tokenizer, cfg.vocab_size)
         self._requests: dict[str, TrackedRequest] = {}
         self._in_step: tuple[str, ...] = ()
         self.stats = EngineStats(kv_blocks_total=num_blocks, kv_capacity_tokens=self.pool.capacity_tokens)
@@ -88,11 +92,16 @@ class LLMEngine:
 
     # ---- requests ------------------------------------------------------------------
     def add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
-                    prefix_scope: str | None = None, priority: int = 0) -> None:
+                    prefix_scope: str | None = None, priority: int = 0, grammar: GrammarState | None = None) -> None:
+        """`grammar`: the request's compiled constraint state, when params.grammar is set and the
+        caller compiled it already (else it is compiled here, in the caller's thread)."""
         if request_id in self._requests:
             raise InvalidRequestError(f"request id {request_id!r} is already in flight")
         self.check_request(prompt_ids, params)
-        seq = Sequence(request_id, list(prompt_ids), params, prefix_scope=prefix_scope, priority=priority)
+        if params.grammar is not None and grammar is None:
+            grammar = self.grammars.new_state(params.grammar)
+        seq = Sequence(request_id, list(prompt_ids), params, prefix_scope=prefix_scope, priority=priority,
+                       grammar=grammar)
         stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.tokenizer.eos_token_ids)
         detok = IncrementalDetokenizer(self.tokenizer, params.stop, params.include_stop_str_in_output)
         self._requests[request_id] = TrackedRequest(seq, detok, stop_ids)
@@ -226,7 +235,7 @@ class LLMEngine:
             seq.output_ids.append(token)
             taken += 1
             self.stats.generated_tokens += 1
-            if token in req.stop_ids or req.detok.push(token):
+            if token in req.stop_ids or req.detok.push(token) or _grammar_done(seq, token):
                 reason = "stop"
             elif len(seq.output_ids) >= seq.params.max_tokens or seq.num_tokens >= self.max_model_len:
                 reason = "length"
@@ -267,6 +276,9 @@ class LLMEngine:
         st.kv_allocated_slot_steps += sum(len(s.block_table) for s in running) * bm.block_size
 
     # ---- convenience ---------------------------------------------------------------
+    def shutdown(self) -> None:
+        self.grammars.shutdown()
+
     def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]) -> list[list[int]]:
         """Run prompts to completion; return each one's generated token ids (offline use)."""
         plist = params if isinstance(params, list) else [params] * len(prompts)
@@ -278,3 +290,12 @@ class LLMEngine:
             for out in self.step():
                 results[out.request_id].extend(out.token_ids)
         return [results[i] for i in ids]
+
+
+def _grammar_done(seq: Sequence, token: int) -> bool:
+    """Advance a constrained sequence's grammar past `token`; True once nothing but EOS may
+    follow (the answer is complete) or the grammar refused the token."""
+    state = seq.grammar
+    if state is None:
+        return False
+    return not state.accept(token) or state.is_stopped

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engines.grammar.mask import MaskBuilder, apply_masks, unpack
 from engines.sampling_params import SamplingParams
 from engines.sequence import Sequence
 
@@ -43,6 +44,7 @@ class Sampler:
         if seed is not None:
             self.generator.manual_seed(seed)
         self._device_generators: dict[torch.device, torch.Generator] = {}
+        self.masks = MaskBuilder()
 
     def generator_for(self, device: torch.device) -> torch.Generator:
         """The sampler's generator on `device` (CUDA draws need a CUDA generator), seeded like the CPU one."""
@@ -57,6 +59,7 @@ class Sampler:
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> SampleResult:
         params = [s.params for s in seqs]
         raw = logits
+        logits = self.constrain(logits, seqs)
         logits = self.penalize(logits, params, [s.output_ids for s in seqs])
         picked = [i for i, p in enumerate(params) if not p.greedy]
         if len(picked) == len(params):      # every row samples: no row index to build (or copy)
@@ -71,6 +74,15 @@ class Sampler:
         return SampleResult(token_list, self.logprobs(raw, token_list, params))
 
     # ---- the pieces ------------------------------------------------------------------
+    def constrain(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+        """Tokens each constrained row's grammar rules out at -inf: one bitmask for all those
+        rows, applied at once; unconstrained rows (and the raw logits that logprobs read) as they were."""
+        rows = [i for i, s in enumerate(seqs) if s.grammar is not None]
+        if not rows:
+            return logits
+        bitmask = self.masks.bitmask([seqs[i].grammar for i in rows], logits.shape[1])
+        return apply_masks(logits, rows, unpack(bitmask, logits.shape[1]))
+
     @staticmethod
     def penalize(logits: torch.Tensor, params: list[SamplingParams], histories: list[list[int]]) -> torch.Tensor:
         """Presence/frequency penalties over each row's own history (a copy when any applies)."""

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from engines.grammar.spec import GrammarSpec
 
 
 class InvalidRequestError(ValueError):
@@ -35,6 +39,8 @@ class SamplingParams:
     # a confidence signal for the gateway's cascade, computed only for the requests that ask.
     entropy: bool = False
     include_stop_str_in_output: bool = False
+    # Constrained decoding (a JSON schema or a grammar): compiled by the engine's GrammarCompiler.
+    grammar: GrammarSpec | None = None
 
     def validate(self) -> "SamplingParams":
         checks = [

@@ -185,7 +185,8 @@ class Scheduler:
         return budget
 
     def _lookahead(self, seq: Sequence, num_running: int, budget_left: int) -> int:
-        if self.lookahead is None or not seq.is_decoding:
+        # A constrained sequence never speculates: drafts are not masked by its grammar.
+        if self.lookahead is None or not seq.is_decoding or seq.grammar is not None:
             return 0
         return max(0, min(self.lookahead(seq, num_running), budget_left))
 

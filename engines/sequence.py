@@ -5,10 +5,14 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from engines.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from engines.grammar.state import GrammarState
 
 
 class SeqStatus(enum.Enum):
@@ -46,6 +50,9 @@ class Sequence:
     # positions [0, num_draft_computed); the adaptive-k estimate (successes, failures) EWMA.
     num_draft_computed: int = 0
     spec_ewma: tuple[float, float] | None = None
+    # Constrained decoding: where the output so far stands in the request's grammar (advanced by
+    # each appended token; untouched by preemption, since the output tokens are kept).
+    grammar: GrammarState | None = None
 
     def __post_init__(self) -> None:
         if self.params.seed is not None:

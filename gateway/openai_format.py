@@ -1,5 +1,5 @@
 """OpenAI response shapes for answers the gateway builds itself (embedded tiers):
-chat.completion / text_completion bodies, their stream chunks, and logprobs."""
+chat.completion / text_completion bodies, their stream chunks (tool-call deltas included), and logprobs."""
 
 from __future__ import annotations
 
@@ -91,11 +91,21 @@ class ChoiceResult:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    tool_calls: list[dict] | None = None     # parsed from the text (gateway/tool_calls.py); text is then the rest
 
 
-def finish_reason(engine_reason: str | None) -> str | None:
-    # The engine says "abort" when the request was cancelled; OpenAI has no such reason.
+def finish_reason(engine_reason: str | None, called: bool = False) -> str | None:
+    # The engine says "abort" when the request was cancelled; OpenAI has no such reason. An answer
+    # that called tools ends in "tool_calls" unless it was cut off.
+    if called and engine_reason in ("stop", "abort"):
+        return "tool_calls"
     return "stop" if engine_reason == "abort" else engine_reason
+
+
+def _message(c: ChoiceResult) -> dict:
+    if c.tool_calls is None:
+        return {"role": "assistant", "content": c.text, "refusal": None}
+    return {"role": "assistant", "content": c.text or None, "refusal": None, "tool_calls": c.tool_calls}
 
 
 def chat_body(rid: str, created: int, model: str, choices: list[ChoiceResult], usage: dict,
@@ -104,9 +114,9 @@ def chat_body(rid: str, created: int, model: str, choices: list[ChoiceResult], u
         "id": rid, "object": "chat.completion", "created": created, "model": model,
         "choices": [{
             "index": c.index,
-            "message": {"role": "assistant", "content": c.text, "refusal": None},
+            "message": _message(c),
             "logprobs": chat_logprobs(c.logprobs, pieces) if pieces is not None else None,
-            "finish_reason": finish_reason(c.finish_reason),
+            "finish_reason": finish_reason(c.finish_reason, bool(c.tool_calls)),
         } for c in choices],
         "usage": usage,
     }
@@ -162,6 +172,20 @@ class ChunkWriter:
         delta = {"content": text} if (text or reason is None) else {}
         return self._event({"index": index, "delta": delta, "logprobs": logprobs,
                             "finish_reason": finish_reason(reason)})
+
+    def tool_call_start(self, index: int, call_index: int, call_id: str, name: str) -> bytes:
+        """A call's first chunk: its index among the choice's calls, its id and name, once."""
+        call = {"index": call_index, "id": call_id, "type": "function", "function": {"name": name, "arguments": ""}}
+        return self._event({"index": index, "delta": {"tool_calls": [call]}, "logprobs": None, "finish_reason": None})
+
+    def tool_call_arguments(self, index: int, call_index: int, fragment: str) -> bytes:
+        call = {"index": call_index, "function": {"arguments": fragment}}
+        return self._event({"index": index, "delta": {"tool_calls": [call]}, "logprobs": None, "finish_reason": None})
+
+    def finish(self, index: int, reason: str | None, called: bool) -> bytes:
+        """The choice's last chunk: an empty delta with its finish reason."""
+        return self._event({"index": index, "delta": {}, "logprobs": None,
+                            "finish_reason": finish_reason(reason, called)})
 
     def usage(self, usage: dict) -> bytes:
         return sse_event({**self._head, "choices": [], "usage": usage})

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from gateway.response_format import check_response_format
 
 MAX_TOKEN_ID = (1 << 31) - 1
 MAX_LIST = 4096
@@ -65,6 +67,13 @@ class _Extensions(BaseModel):
     guided_decoding_backend: _Name | None = None
     guided_whitespace_pattern: _Name | None = None
     structured_outputs: _Object | None = None
+
+    @field_validator("response_format")
+    @classmethod
+    def _check_response_format(cls, value):
+        if value is not None:
+            check_response_format(value)
+        return value
 
 
 class ChatExtensions(_Extensions):

@@ -18,9 +18,10 @@ Need = Literal["code", "non_english", "long_context", "tools", "json_schema"]
 NEEDS: tuple[str, ...] = get_args(Need)
 
 # What a tier kind can do when its config does not say: an upstream server is taken to accept
-# every OpenAI field (it answers for itself); an embedded engine has no tool calling or
-# structured output yet.
-DEFAULT_CAPABILITIES: dict[str, frozenset[str]] = {"upstream": CAPABILITIES, "embedded": frozenset()}
+# every OpenAI field (it answers for itself); an embedded engine enforces JSON schemas and tool
+# calls by grammar-constrained decoding (engines/grammar/). A tier whose model cannot be trusted
+# with them (a tokenizer that cannot spell JSON) declares `capabilities: []`.
+DEFAULT_CAPABILITIES: dict[str, frozenset[str]] = {"upstream": CAPABILITIES, "embedded": CAPABILITIES}
 
 
 def required_capabilities(needs: frozenset[str]) -> frozenset[str]:

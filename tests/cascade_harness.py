@@ -1,6 +1,7 @@
 """One gateway for the cascade and alias tests: two tiny random tiers that answer differently
-(`small`, `large`: different seeds), the steerable fake upstream as a third (`up`, which has
-every capability), and aliases that force each cascade outcome deterministically (a threshold
+(`small`, `large`: different seeds; their word-level vocabularies cannot spell JSON, so they
+declare no capabilities), the steerable fake upstream as a third (`up`, which has every
+capability), and aliases that force each cascade outcome deterministically (a threshold
 no answer reaches, or one every answer reaches). In-process, so tests can look at the engines'
 KV blocks, the budget store and the spans (in memory) while talking to it over real HTTP."""
 
@@ -22,7 +23,7 @@ SCOPE = "t:default"          # the anonymous tenant's budget scope (auth off)
 K = 8                        # tokens each cascade judges
 
 _TINY = ("{{model: '{path}', dtype: float32, max_model_len: 256, kv_cache_memory: 4MiB, block_size: 16, "
-         "max_num_seqs: 8, max_num_batched_tokens: 256}}")
+         "max_num_seqs: 8, max_num_batched_tokens: 256, capabilities: []}}")
 
 CONFIG = """
 auth: {{enabled: false}}

@@ -41,3 +41,25 @@ def write_tiny_checkpoint(path: Path, seed: int = 0, max_shard_size: str | None 
     tok.save(str(path / "tokenizer.json"))
     (path / "tokenizer_config.json").write_text('{"eos_token": "w2", "bos_token": "w1"}')
     return model
+
+
+BYTE_SPECIALS = ["<s>", "</s>", "<|im_start|>", "<|im_end|>"]
+
+
+def write_tiny_byte_checkpoint(path: Path, seed: int = 0, **overrides):
+    """A tiny random Llama over a byte-level vocabulary (the 256 bytes, then BYTE_SPECIALS), so it
+    can spell any text, JSON included: for constrained-decoding tests, where the word-level
+    tokenizer above could not produce a single brace. No chat template: the engine's ChatML one."""
+    from tokenizers import decoders
+
+    vocab_size = 256 + len(BYTE_SPECIALS)
+    model = write_tiny_checkpoint(path, seed=seed, vocab_size=vocab_size, bos_token_id=256,
+                                  eos_token_id=vocab_size - 1, **overrides)
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    tok = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(BYTE_SPECIALS)
+    tok.save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text('{"eos_token": "<|im_end|>", "bos_token": "<s>"}')
+    return model

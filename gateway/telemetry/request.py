@@ -11,9 +11,11 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
+from gateway.skips import SkipReason
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.telemetry.setup import Telemetry
 from gateway.telemetry.tracing import RequestTrace, TierSpan
+from policies.needs import CAPABILITIES
 
 if TYPE_CHECKING:
     from gateway.context import RequestContext
@@ -84,6 +86,10 @@ class RequestTelemetry:
         tenant_class = ctx.tenant_class or "none"
         if ctx.breaker_events:
             metrics.breaker_events(ctx.breaker_events)
+        for skip in ctx.fallbacks:
+            lacking = skip.detail.split(", ") if skip.reason == SkipReason.CAPABILITY else ()
+            metrics.tier_skipped(tier=skip.tier, reason=skip.reason.value,
+                                 detail=skip.detail if lacking and set(lacking) <= CAPABILITIES else "")
         admission = ctx.admission
         if admission is not None:
             if admission.allowed:

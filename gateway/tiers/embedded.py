@@ -42,6 +42,8 @@ from gateway.schema import ChatCompletionRequest
 from gateway.tiers.base import ALL_TOKEN_SIGNALS, Tier, TierAnswer, TierCall, TierFailure
 from gateway.tiers.embedded_jobs import Job, check_supported, engine_jobs, render_prompts
 from gateway.tiers.embedded_load import build_engine
+from gateway.tiers.embedded_tools import ToolChunks, apply_tool_calls
+from gateway.tool_plan import tool_plan
 from gateway.tiers.engine_restart import EngineRestarter, RestartPolicy
 from gateway.tiers.engine_events import EngineEvents
 from policies.tier_config import EmbeddedTierConfig
@@ -249,6 +251,9 @@ class EmbeddedTier(Tier):
         usage = _usage(results, call.body.n)
         _finish_span(call, results, usage)
         chat = isinstance(call.body, ChatCompletionRequest)
+        plan = tool_plan(call.body) if chat else None
+        if plan is not None:
+            apply_tool_calls(results, plan)
         client_lp = call.body.logprobs if chat else call.body.logprobs is not None
         pieces = self.pieces if client_lp else None
         build = chat_body if chat else completion_body
@@ -273,6 +278,8 @@ class EmbeddedTier(Tier):
         keep_text = call.span.content_allowed   # texts are kept only for an opted-in span
         events = {i: EngineEvents(call.span) for i in results}
         gate = call.scoring
+        plan = tool_plan(body) if chat else None
+        tools = {i: ToolChunks(writer, i, plan) for i in results} if plan is not None else None
         try:
             async for index, out in outputs:
                 events[index].observe(out)
@@ -291,7 +298,10 @@ class EmbeddedTier(Tier):
                     started.add(index)
                     if chat:
                         yield writer.role(index)
-                if out.text or out.finished or (client_lp and out.logprobs):
+                if tools is not None:
+                    for chunk in tools[index].chunks(out, client_lp):
+                        yield chunk
+                elif out.text or out.finished or (client_lp and out.logprobs):
                     yield writer.delta(index, out.text, out.logprobs, out.finish_reason if out.finished else None)
         except (EngineFault, InvalidRequestError) as exc:
             raise _tier_error(exc) from None

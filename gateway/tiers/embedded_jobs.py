@@ -1,6 +1,7 @@
 """An OpenAI request body as an embedded engine's jobs: what the engine cannot do is refused
 (400), prompts are rendered (chat template) and tokenized, and every choice becomes one engine
-request with its own SamplingParams, checked against the engine before anything runs."""
+request with its own SamplingParams (with the grammar its response_format asks for), checked
+against the engine before anything runs."""
 
 from __future__ import annotations
 
@@ -12,8 +13,10 @@ from engines.llm_engine import LLMEngine
 from engines.loaded_model import LoadedModel
 from engines.sampling_params import InvalidRequestError, SamplingParams
 from gateway.errors import GatewayError
+from gateway.response_format import response_format_grammar
 from gateway.schema import ChatCompletionRequest, RequestBody
 from gateway.tiers.base import TierCall, TierUnfit
+from gateway.tool_plan import template_messages, tool_plan
 
 UNSUPPORTED_CHAT = ("functions", "function_call")
 
@@ -29,12 +32,14 @@ def derive_seed(seed: int | None, index: int) -> int | None:
 
 
 def render_prompts(loaded: LoadedModel, body: RequestBody) -> list[list[int]]:
-    """Token ids of every prompt: a chat through the model's template, completions as given."""
+    """Token ids of every prompt: a chat through the model's template (with its tools and tool
+    turns: gateway/tool_plan.py), completions as given."""
     if isinstance(body, ChatCompletionRequest):
-        messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()}
-                    for m in body.messages]
+        messages = template_messages(body)
+        plan = tool_plan(body)
+        tools = plan.tools if plan else None
         try:
-            return [loaded.tokenizer.encode(loaded.chat_template.render(messages))]
+            return [loaded.tokenizer.encode(loaded.chat_template.render(messages, tools=tools))]
         except ChatTemplateError as exc:
             raise GatewayError(400, str(exc), param="messages") from None
     return [p if isinstance(p, list) else loaded.tokenizer.encode(p) for p in body.prompts()]
@@ -43,16 +48,9 @@ def render_prompts(loaded: LoadedModel, body: RequestBody) -> list[list[int]]:
 def check_supported(body: RequestBody) -> None:
     extra = body.model_extra or {}
     if isinstance(body, ChatCompletionRequest):
-        # Routing passes an embedded tier over for tools (it lacks the capability); a config that
-        # declares it anyway still gets a clear refusal rather than tools silently ignored.
-        if body.tools:
-            raise GatewayError(400, "'tools' is not supported by embedded tiers", param="tools")
         for name in UNSUPPORTED_CHAT:
             if extra.get(name):
                 raise GatewayError(400, f"'{name}' is not supported by embedded tiers", param=name)
-        fmt = extra.get("response_format")
-        if fmt and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
-            raise GatewayError(400, "only response_format {type: text} is supported", param="response_format")
     else:
         if body.echo:
             raise GatewayError(400, "echo is not supported by embedded tiers", param="echo")
@@ -74,6 +72,10 @@ def engine_jobs(call: TierCall, prompts: list[list[int]], engine: LLMEngine) -> 
     entropy = gate is not None and gate.wants_entropy
     top = body.num_top_logprobs if chat else (body.logprobs or 0)
     limit = engine.max_model_len
+    grammar = response_format_grammar((body.model_extra or {}).get("response_format"))
+    plan = tool_plan(body) if chat else None
+    if plan is not None and plan.forced is not None:    # a forced call outranks a response format
+        grammar = plan.grammar(engine.tokenizer)
     jobs = []
     for p_index, ids in enumerate(prompts):
         max_tokens = body.output_limit or max(1, limit - len(ids))
@@ -84,7 +86,7 @@ def engine_jobs(call: TierCall, prompts: list[list[int]], engine: LLMEngine) -> 
                 seed=derive_seed(body.seed, p_index * body.n + i), stop=body.stop_list(),
                 ignore_eos=body.ignore_eos, presence_penalty=body.presence_penalty or 0.0,
                 frequency_penalty=body.frequency_penalty or 0.0, logprobs=bool(want_lp), top_logprobs=top,
-                entropy=entropy)
+                entropy=entropy, grammar=grammar)
             try:
                 engine.check_request(ids, params)
             except RequestTooLongError as exc:   # a larger tier may take it

@@ -54,6 +54,8 @@ def test_tools_skip_embedded_tiers_and_reach_an_upstream_unchanged(cg, client):
     assert "needs tools" in headers["x-tiergate-reasons"] and answer.choices[0].message.content
     sent = httpx.get(cg.upstream.base_url.removesuffix("/v1") + "/__control").json()["last_body"]
     assert (sent["tools"], sent["tool_choice"], sent["parallel_tool_calls"]) == (TOOLS, choice, False)
+    metrics = httpx.get(f"{cg.base}/metrics").text
+    assert 'tiergate_tier_skips_total{detail="tools",reason="capability",tier="small"}' in metrics
 
 
 def test_tools_no_tier_can_honour_get_a_400_naming_tools(client):

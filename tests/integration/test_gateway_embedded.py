@@ -143,10 +143,12 @@ def test_context_and_unsupported_errors(client):
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(model="smol", messages=QUESTION, max_tokens=10_000)
     assert info.value.body["code"] == "context_length_exceeded"
-    with pytest.raises(openai.BadRequestError) as info:
-        client.chat.completions.create(model="smol", messages=QUESTION, tools=[{"type": "function", "function": {
-            "name": "f", "parameters": {"type": "object"}}}])
-    assert info.value.body["param"] == "tools"
+    with pytest.raises(openai.BadRequestError) as info:   # a tool result's call id is a string
+        client.chat.completions.create(model="smol", messages=[*QUESTION, {"role": "tool", "content": "42",
+                                                                           "tool_call_id": 42}],
+                                       tools=[{"type": "function", "function": {"name": "f",
+                                                                                "parameters": {"type": "object"}}}])
+    assert info.value.body["param"] == "messages.1.tool_call_id"
 
 
 def test_client_leaving_mid_stream_frees_kv_blocks(gw):

@@ -6,7 +6,8 @@ Every answer must be below 500; every non-2xx must be exactly OpenAI's error obj
 must be a completion object (or an SSE stream ending in [DONE]). Because the document states what
 the validators enforce (the served model names as an enum, the numeric bounds), generated chat
 requests must mostly reach the tier: at least 80 % of them answered 200 (of those that do not
-carry tools, which the embedded tier cannot honour: 400 unsupported_capability by design).
+carry tools or ask for JSON, which this tier does not offer: its tiny word-level vocabulary cannot
+spell JSON, so it declares no capabilities; 400 unsupported_capability by design).
 
 The run is derandomized (the same cases on every machine) and nothing in it depends on timing.
 """
@@ -41,7 +42,7 @@ tenants:
   fuzz: {{}}
 tiers:
   tiny: {{model: '{tiny_dir}', dtype: float32, max_model_len: 256, kv_cache_memory: 4MiB, block_size: 16,
-          max_num_seqs: 8, max_num_batched_tokens: 256}}
+          max_num_seqs: 8, max_num_batched_tokens: 256, capabilities: []}}
 models:
   tiny: {{chain: [tiny]}}
 """

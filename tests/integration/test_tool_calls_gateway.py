@@ -1,0 +1,144 @@
+"""Tool calling over real HTTP with the official openai client on an embedded tier: the tiny
+byte-level Llama (its template, ChatML, has no tools: the Hermes fallback of
+engines/tool_prompt.py), whose own choices are noise, so a well-formed call is the grammar's doing.
+`required` and a named function give parsed calls with finish_reason tool_calls, streamed as
+OpenAI streams them; a tool result sent back gets an answer; bad tool turns are 400s."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import jsonschema
+import openai
+import pytest
+
+from tests.gateway_harness import RunningGateway
+
+WEATHER = {"type": "object", "additionalProperties": False, "required": ["city", "unit"],
+           "properties": {"city": {"type": "string", "maxLength": 12}, "unit": {"enum": ["C", "F"]}}}
+TIME = {"type": "object", "additionalProperties": False, "required": ["zone"],
+        "properties": {"zone": {"enum": ["UTC", "CET", "JST"]}}}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
+                                           "parameters": WEATHER}},
+         {"type": "function", "function": {"name": "get_time", "description": "Time in a zone", "parameters": TIME}}]
+SCHEMAS = {"get_weather": WEATHER, "get_time": TIME}
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+NAMED = {"type": "function", "function": {"name": "get_time"}}
+
+
+@pytest.fixture(scope="module")
+def gw(tmp_path_factory):
+    from tests.tiny_models import write_tiny_byte_checkpoint
+
+    tmp = tmp_path_factory.mktemp("tools-gw")
+    write_tiny_byte_checkpoint(tmp / "bytes", seed=5, initializer_range=0.2, max_position_embeddings=2048)
+    path = tmp / "gateway.yaml"
+    path.write_text(f"""
+auth: {{enabled: false}}
+server: {{reload_poll_s: 0}}
+tiers:
+  bytes: {{model: '{tmp / "bytes"}', dtype: float32, max_model_len: 2048, kv_cache_memory: 8MiB,
+          max_num_seqs: 8, max_num_batched_tokens: 1024}}
+models:
+  bytes: {{chain: [bytes]}}
+""")
+    gw = RunningGateway(path)
+    yield gw
+    gw.stop()
+
+
+@pytest.fixture(scope="module")
+def client(gw):
+    return openai.OpenAI(base_url=f"{gw.base}/v1", api_key="unused", max_retries=0)
+
+
+def _check_calls(calls, names) -> None:
+    assert calls and all(c.type == "function" and c.id.startswith("call_") for c in calls)
+    for c in calls:
+        assert c.function.name in names
+        jsonschema.validate(json.loads(c.function.arguments), SCHEMAS[c.function.name])
+
+
+def _streamed(client, **kw):
+    """(content, calls as {index: [id, name, arguments]}, finish reason) from a stream's deltas."""
+    content, calls, reason = "", {}, None
+    for chunk in client.chat.completions.create(stream=True, **kw):
+        choice = chunk.choices[0]
+        content += choice.delta.content or ""
+        for tc in choice.delta.tool_calls or []:
+            if tc.index not in calls:
+                assert tc.id and tc.function.name                    # id and name come first, once
+                calls[tc.index] = [tc.id, tc.function.name, tc.function.arguments or ""]
+            else:
+                assert tc.id is None and tc.function.name is None
+                calls[tc.index][2] += tc.function.arguments or ""
+        reason = choice.finish_reason or reason
+    return content, calls, reason
+
+
+@pytest.mark.parametrize("choice,names", [("required", {"get_weather", "get_time"}), (NAMED, {"get_time"})])
+def test_forced_calls_whole_and_streamed(client, choice, names):
+    for seed in range(3):
+        kw = dict(model="bytes", messages=ASK, tools=TOOLS, tool_choice=choice, seed=seed, max_tokens=200,
+                  parallel_tool_calls=False)
+        whole = client.chat.completions.create(**kw)
+        message = whole.choices[0].message
+        assert whole.choices[0].finish_reason == "tool_calls" and message.content is None
+        _check_calls(message.tool_calls, names)
+        assert len(message.tool_calls) == 1
+        content, calls, reason = _streamed(client, **kw)
+        assert reason == "tool_calls" and content == ""
+        assert [(n, a) for _, n, a in calls.values()] == [(c.function.name, c.function.arguments)
+                                                         for c in message.tool_calls]   # same seed, same call
+
+
+def test_parallel_calls_are_indexed(client):
+    for seed in range(4):
+        whole = client.chat.completions.create(model="bytes", messages=ASK, tools=TOOLS, tool_choice="required",
+                                               seed=seed, max_tokens=400)
+        calls = whole.choices[0].message.tool_calls
+        _check_calls(calls, set(SCHEMAS))
+        if whole.choices[0].finish_reason == "tool_calls":
+            _, streamed, _ = _streamed(client, model="bytes", messages=ASK, tools=TOOLS, tool_choice="required",
+                                       seed=seed, max_tokens=400)
+            assert sorted(streamed) == list(range(len(calls)))
+
+
+def test_round_trip_with_a_tool_result(client):
+    first = client.chat.completions.create(model="bytes", messages=ASK, tools=TOOLS, tool_choice=NAMED, seed=1,
+                                           max_tokens=100)
+    call = first.choices[0].message.tool_calls[0]
+    followup = [*ASK, first.choices[0].message.model_dump(exclude_none=True),
+                {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"time": "12:00"})}]
+    for stream in (False, True):
+        if stream:
+            content, calls, reason = _streamed(client, model="bytes", messages=followup, tools=TOOLS,
+                                               tool_choice="none", seed=2, max_tokens=16)
+        else:
+            answer = client.chat.completions.create(model="bytes", messages=followup, tools=TOOLS,
+                                                    tool_choice="none", seed=2, max_tokens=16)
+            content, calls, reason = answer.choices[0].message.content, answer.choices[0].message.tool_calls, \
+                answer.choices[0].finish_reason
+        assert content and not calls and reason in ("stop", "length")
+
+
+def test_usage_counts_the_constrained_tokens(client):
+    whole = client.chat.completions.create(model="bytes", messages=ASK, tools=TOOLS, tool_choice=NAMED, seed=3,
+                                           max_tokens=100)
+    call = whole.choices[0].message.tool_calls[0]
+    text = f'<tool_call>\n{{"name": "{call.function.name}", "arguments": {call.function.arguments}}}\n</tool_call>'
+    assert whole.usage.completion_tokens == len(text.encode()) + 1      # one byte token each, and the EOS
+
+
+@pytest.mark.parametrize("messages,param", [
+    ([*ASK, {"role": "tool", "content": "x", "tool_call_id": 7}], "messages.1.tool_call_id"),
+    ([*ASK, {"role": "user", "content": "x", "tool_call_id": "c"}], "messages.1.tool_call_id"),
+    ([*ASK, {"role": "assistant", "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f"}}]}],
+     "messages.1.tool_calls.0"),
+    ([*ASK, {"role": "user", "content": "x", "tool_calls": []}], "messages.1.tool_calls"),
+])
+def test_malformed_tool_turns_are_400s(gw, messages, param):
+    resp = httpx.post(f"{gw.base}/v1/chat/completions", json={"model": "bytes", "messages": messages, "tools": TOOLS,
+                                                              "max_tokens": 4}, timeout=30)
+    assert resp.status_code == 400 and resp.json()["error"]["param"] == param, resp.text

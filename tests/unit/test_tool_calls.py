@@ -1,0 +1,95 @@
+"""Hermes-format tool calls: parsed whole or from a stream split anywhere (the same calls, the
+argument fragments concatenating to the whole text), content around them, parallel calls off,
+and the fallback prompt for chat templates without tools."""
+
+from __future__ import annotations
+
+import json
+import random
+
+from engines.chat_template import CHATML_TEMPLATE, ChatTemplate
+from gateway.tool_calls import Arguments, CallStart, Content, ToolCallParser, parse_whole
+
+TWO = ('Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa\\"ris }", '
+       '"days": [1, {"n": "]"}]}}\n</tool_call>\n<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>')
+
+
+def _stream(text: str, seed: int, parallel: bool = True):
+    rng, parser, events, i = random.Random(seed), ToolCallParser(parallel), [], 0
+    while i < len(text):
+        n = rng.randint(1, 7)
+        events += parser.feed(text[i:i + n])
+        i += n
+    return events + parser.finish()
+
+
+def test_whole_answer():
+    content, calls = parse_whole(TWO)
+    assert content == "Let me check."
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [
+        ("get_weather", {"city": 'Pa"ris }', "days": [1, {"n": "]"}]}), ("get_time", {})]
+    assert len({c.id for c in calls}) == 2
+    _, first_only = parse_whole(TWO, parallel=False)
+    assert [c.name for c in first_only] == ["get_weather"]
+
+
+def test_a_stream_split_anywhere_reads_the_same():
+    _, whole = parse_whole(TWO)
+    for seed in range(100):
+        events = _stream(TWO, seed)
+        starts = [e for e in events if isinstance(e, CallStart)]
+        assert [(s.index, s.name) for s in starts] == [(0, "get_weather"), (1, "get_time")]
+        args = ["".join(e.text for e in events if isinstance(e, Arguments) and e.index == i) for i in (0, 1)]
+        assert args == [c.arguments for c in whole]
+        assert "".join(e.text for e in events if isinstance(e, Content)) == "Let me check.\n"
+        # The name comes before any of its arguments.
+        first_args = next(k for k, e in enumerate(events) if isinstance(e, Arguments))
+        assert events.index(starts[0]) < first_args
+
+
+def test_odd_shapes():
+    assert parse_whole("no call here, <tool_ca") == ("no call here, <tool_ca", [])
+    _, calls = parse_whole('<tool_call>\n{"arguments": {"a": 1}, "name": "f"}\n</tool_call>')   # keys swapped
+    assert (calls[0].name, json.loads(calls[0].arguments)) == ("f", {"a": 1})
+    _, calls = parse_whole('<tool_call>\n{"name": "f", "arguments": 7}')                       # never closed
+    assert (calls[0].name, calls[0].arguments) == ("f", "7")
+    content, calls = parse_whole("<tool_call>\nnot json\n</tool_call>")
+    assert calls == [] and content == "<tool_call>\nnot json\n</tool_call>"
+
+
+def test_fallback_prompt_for_a_template_without_tools():
+    template = ChatTemplate(CHATML_TEMPLATE)
+    assert not template.supports_tools
+    tools = [{"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}]
+    messages = [{"role": "user", "content": "time?"},
+                {"role": "assistant", "content": "", "tool_calls": [
+                    {"id": "c1", "type": "function", "function": {"name": "get_time", "arguments": {"zone": "UTC"}}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": "12:00"},
+                {"role": "tool", "tool_call_id": "c2", "content": "13:00"}]
+    text = template.render(messages, tools=tools)
+    assert text.startswith("<|im_start|>system\n# Tools") and json.dumps(tools[0]) in text
+    call = '<tool_call>\n{"name": "get_time", "arguments": {"zone": "UTC"}}\n</tool_call>'
+    assert f"<|im_start|>assistant\n{call}" in text
+    assert ("<|im_start|>user\n<tool_response>\n12:00\n</tool_response>\n<tool_response>\n13:00\n"
+            "</tool_response><|im_end|>") in text
+    assert text.endswith("<|im_start|>assistant\n")
+
+
+def test_a_bare_call_object_naming_a_tool_is_a_call():
+    bare = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
+    names = frozenset({"get_weather"})
+    content, calls = parse_whole(bare, names=names)
+    assert content is None and (calls[0].name, calls[0].arguments) == ("get_weather", '{"city": "Paris"}')
+    for seed in range(20):
+        parser, got, i = ToolCallParser(True, names), [], 0
+        rng = random.Random(seed)
+        while i < len(bare):
+            n = rng.randint(1, 5)
+            got += parser.feed(bare[i:i + n])
+            i += n
+        got += parser.finish()
+        assert "".join(e.text for e in got if isinstance(e, Arguments)) == '{"city": "Paris"}'
+        assert not [e for e in got if isinstance(e, Content)]
+    assert parse_whole('{"name": "other", "arguments": {}}', names=names) == ('{"name": "other", "arguments": {}}', [])
+    assert parse_whole('{"answer": 42}', names=names) == ('{"answer": 42}', [])
+    assert parse_whole(bare) == (bare, [])                      # without the request's names: content
