@@ -243,6 +243,8 @@ def run_gateway_bench(json_out: str, rate: float, seconds: float, rounds: int, s
         console.print(f"console open: {c['throughput_with_console_rps']} req/s vs "
                       f"{c['throughput_without_console_rps']} "
                       f"without (ratio {c['ratio']}, cost {c['cost']}); {c['gateway_cpu_ms_per_poll']} ms CPU per poll "
-                      f"= {c['cpu_share_of_one_poll_per_s']} of the gateway's CPU at full load")
+                      f"= {c['cpu_share_of_one_poll_per_s']} of the gateway's CPU at full load; gateway CPU per "
+                      f"request {c['gateway_cpu_ms_per_request']['without']} -> {c['gateway_cpu_ms_per_request']['with']} "
+                      f"ms (throughput at saturation x{c['cpu_throughput_ratio']})")
     console.print(f"wrote {json_out}")
     return 0
