@@ -35,6 +35,37 @@ class SampleResult:
     logprobs: list[TokenLogprob | None]
 
 
+# Top-k and top-p look at this many best tokens of each row first (a partial selection), and
+# sort the whole vocabulary only for rows whose filter reaches past them.
+CANDIDATES = 1024
+
+
+def _top_p(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Keep each row's smallest prefix of tokens, best first, whose mass reaches top_p (the top
+    token always stays). On a CPU, rows whose best CANDIDATES tokens already reach it are cut
+    there and only the others are sorted whole; elsewhere every row is sorted (a GPU sorts fast,
+    and deciding which rows need it would wait for the device)."""
+    if probs.device.type != "cpu":
+        return _top_p_sorted(probs, top_p)
+    k = min(CANDIDATES, probs.shape[1])
+    values, order = probs.topk(k, dim=-1)
+    before = values.cumsum(-1) - values                       # mass ahead of each candidate
+    reached = (before[:, -1] + values[:, -1]) >= top_p         # the candidates hold top_p's mass
+    keep = before < top_p.unsqueeze(1)
+    out = torch.zeros_like(probs).scatter_(1, order, torch.where(keep, values, 0.0))
+    if not bool(reached.all()):
+        rows = (~reached).nonzero().squeeze(1)
+        out[rows] = _top_p_sorted(probs[rows], top_p[rows])
+    return out
+
+
+def _top_p_sorted(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    sorted_probs, order = probs.sort(dim=-1, descending=True)
+    drop_sorted = (sorted_probs.cumsum(-1) - sorted_probs) >= top_p.unsqueeze(1)
+    drop = torch.zeros_like(drop_sorted).scatter_(1, order, drop_sorted)
+    return probs.masked_fill(drop, 0.0)
+
+
 class Sampler:
     """Works on logits of any device: the tensors it builds follow them, and the sampled ids
     come back to the host once per call (one .tolist())."""
@@ -113,16 +144,18 @@ class Sampler:
         if any(top_k):
             vocab = logits.shape[1]
             # Clamped before the tensor is built: a k past int64 must not overflow it.
-            k = torch.tensor([min(k, vocab) if k > 0 else vocab for k in top_k], device=logits.device)
-            kth = logits.sort(dim=-1, descending=True).values.gather(1, (k - 1).unsqueeze(1))
-            logits = logits.masked_fill(logits < kth, float("-inf"))
+            ks = [min(k, vocab) if k > 0 else vocab for k in top_k]
+            k = torch.tensor(ks, device=logits.device)
+            # The k-th largest value by a partial selection when every k is small (a full sort of
+            # the vocabulary per row costs ~100x more on a CPU); rows without top-k keep all.
+            kmax = max(k for k, asked in zip(ks, top_k) if asked > 0)
+            ranked = logits.topk(kmax, dim=-1).values if kmax <= CANDIDATES else logits.sort(dim=-1, descending=True).values
+            kth = ranked.gather(1, (k.clamp(max=ranked.shape[1]) - 1).unsqueeze(1))
+            unfiltered = torch.tensor([asked <= 0 for asked in top_k], device=logits.device).unsqueeze(1)
+            logits = logits.masked_fill((logits < kth) & ~unfiltered, float("-inf"))
         probs = torch.softmax(logits, dim=-1)
         if use_top_p:
-            sorted_probs, order = probs.sort(dim=-1, descending=True)
-            # Keep the smallest prefix whose mass reaches top_p (the top token always stays).
-            drop_sorted = (sorted_probs.cumsum(-1) - sorted_probs) >= top_p.unsqueeze(1)
-            drop = torch.zeros_like(drop_sorted).scatter_(1, order, drop_sorted)
-            probs = probs.masked_fill(drop, 0.0)
+            probs = _top_p(probs, top_p)
         if use_min_p:
             floor = probs.max(dim=-1, keepdim=True).values * min_p.unsqueeze(1)
             probs = probs.masked_fill(probs < floor, 0.0)
@@ -131,23 +164,25 @@ class Sampler:
     def draw(self, weights: torch.Tensor, generators: list[torch.Generator | None]) -> torch.Tensor:
         """One token per row, drawn proportionally to `weights` (need not be normalized).
 
-        Exponential race: argmax(w / E) with E ~ Exp(1) draws from w; a per-request
-        generator makes seeded requests reproducible whatever else is in the batch.
+        Inverse CDF: one uniform per row, placed in the row's running sum (float64, so that the
+        last of ~150k terms still counts), instead of one random number per vocabulary entry
+        (drawing those cost more than the model's step at batch 32 on a CPU). A per-request
+        generator draws its row's uniform, which makes seeded requests reproducible whatever
+        else is in the batch; seeded generators live on the CPU (engines/sequence.py), so a
+        seed gives the same draw on any device.
         """
-        noise = torch.empty_like(weights)
+        n = weights.shape[0]
+        uniforms = torch.empty(n, dtype=torch.float64)
         seeded = [i for i, g in enumerate(generators) if g is not None]
-        if len(seeded) < len(generators):
-            noise.exponential_(generator=self.generator_for(weights.device))
+        if len(seeded) < n:
+            uniforms.uniform_(generator=self.generator)
         for i in seeded:
-            gen = generators[i]
-            if gen.device == weights.device:
-                noise[i].exponential_(generator=gen)
-            else:
-                # A request's seeded generator lives on the CPU (engines/sequence.py): its row's
-                # noise is drawn there and copied, so a seed gives the same draws on any device.
-                noise[i] = torch.empty(weights.shape[1], dtype=weights.dtype).exponential_(generator=gen).to(
-                    weights.device)
-        return (weights / noise).argmax(dim=-1)
+            uniforms[i] = torch.rand(1, dtype=torch.float64, generator=generators[i])[0]
+        cdf = weights.to(torch.float64).cumsum(dim=-1)
+        target = (uniforms.to(weights.device) * cdf[:, -1]).unsqueeze(1)
+        # The first entry whose running sum passes the target; a zero-weight entry never does.
+        index = torch.searchsorted(cdf, target, right=True).squeeze(1)
+        return index.clamp_(max=weights.shape[1] - 1)
 
     def uniform(self, n: int, generator: torch.Generator | None) -> torch.Tensor:
         """n draws from U[0, 1) on the host (callers compare them with host values)."""

@@ -109,3 +109,38 @@ def test_invalid_params_name_the_field(kwargs, param):
     with pytest.raises(InvalidRequestError) as info:
         SamplingParams(**kwargs).validate()
     assert info.value.param == param
+
+
+@pytest.mark.parametrize("scale", [0.5, 3.0, 12.0])       # flat to peaked rows
+def test_top_p_from_candidates_equals_the_full_sort(monkeypatch, scale):
+    """Rows whose best CANDIDATES tokens reach top_p are cut among them, the others sorted
+    whole: the same nucleus either way (CANDIDATES made small so that both kinds of row occur)."""
+    import engines.sampler as sampler_module
+
+    monkeypatch.setattr(sampler_module, "CANDIDATES", 8)
+    probs = torch.softmax(_logits(16, seed=11) * scale / 3, dim=-1)
+    top_p = torch.linspace(0.05, 0.99, 16)
+    got = sampler_module._top_p(probs, top_p)
+    assert torch.equal(got, sampler_module._top_p_sorted(probs, top_p))
+    assert ((got > 0).sum(-1) >= 1).all()
+
+
+@pytest.mark.parametrize("ks", [(0, 3, 5, 1), (0, 3, 20, 50)])   # all within CANDIDATES / past it
+def test_top_k_by_partial_selection_keeps_exactly_the_k_best(monkeypatch, ks):
+    import engines.sampler as sampler_module
+
+    monkeypatch.setattr(sampler_module, "CANDIDATES", 8)
+    logits = _logits(len(ks), seed=13)
+    probs = Sampler.probs(logits, [SamplingParams(temperature=1.0, top_k=k) for k in ks])
+    for row, k in enumerate(ks):
+        kept = set((probs[row] > 0).nonzero().squeeze(1).tolist())
+        assert kept == set(logits[row].topk(k or V).indices.tolist()), (row, k)
+
+
+def test_inverse_cdf_draw_never_picks_a_zero_weight_and_follows_the_weights():
+    weights = torch.zeros(4000, V)
+    weights[:, 7], weights[:, 9], weights[:, V - 1] = 0.5, 0.25, 0.25     # entries between are 0
+    draws = Sampler(seed=3).draw(weights, [None] * 4000)
+    freq = torch.bincount(draws, minlength=V).float() / 4000
+    assert set(draws.tolist()) <= {7, 9, V - 1}
+    assert abs(freq[7] - 0.5) < 0.04 and abs(freq[9] - 0.25) < 0.04 and abs(freq[V - 1] - 0.25) < 0.04
