@@ -103,7 +103,7 @@ def test_timings_and_concurrency_cap(scripted_server):
 
 
 def test_summary_arithmetic():
-    """TTFT, TPOT (the mean gap after the first chunk), ITL and E2E from known per-request times."""
+    """TTFT, TPOT (per output token after the first), ITL (chunk gaps) and E2E from known per-request times."""
     from bench.serving.serve import ServeResult, summarize
 
     results = [ServeResult(True, ttft_s=0.1 * (i + 1), e2e_s=0.1 * (i + 1) + 0.5, chunk_gaps_s=(0.01 * (i + 1),) * 4,
@@ -114,7 +114,7 @@ def test_summary_arithmetic():
     assert report["output_tokens"] == 20 and report["output_tokens_per_s"] == 10.0
     assert report["request_throughput_per_s"] == 2.0
     assert report["ttft_ms"]["p50"] == pytest.approx(250.0)      # 100, 200, 300, 400 ms
-    assert report["tpot_ms"]["p50"] == pytest.approx(25.0)       # 10, 20, 30, 40 ms
+    assert report["tpot_ms"]["p50"] == pytest.approx(125.0)      # (e2e - ttft) / (5 - 1): 500 ms / 4
     assert report["e2e_ms"]["p50"] == pytest.approx(750.0)
     assert report["itl_ms"]["p50"] == pytest.approx(25.0)
 
