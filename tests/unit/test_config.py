@@ -26,7 +26,7 @@ def test_default_config_is_the_three_tier_embedded_default():
     assert not cfg.models["auto"].pinned and all(cfg.models[m].pinned for m in list(cfg.models)[1:])
 
 
-@pytest.mark.parametrize("name", ["upstream.yaml", "auth.yaml"])
+@pytest.mark.parametrize("name", ["upstream.yaml", "auth.yaml", "profile_routing.yaml"])
 def test_example_configs_are_valid(name, monkeypatch):
     path = ROOT / "config" / "examples" / name
     monkeypatch.setenv("TIERGATE_KEY_ACME", "sk-acme-example")
@@ -90,3 +90,13 @@ def test_keys_from_env_are_hashed(monkeypatch):
 def test_loopback_hosts():
     assert is_loopback("127.0.0.1") and is_loopback("localhost") and is_loopback("::1")
     assert not is_loopback("0.0.0.0") and not is_loopback("10.1.2.3") and not is_loopback("example.com")
+
+
+def test_profile_routing_example_serves_the_default_tiers():
+    """The benchmarks' profile-only routing (config/examples/profile_routing.yaml) measures the
+    default's tiers: the same tiers, models and aliases, only the need rules left out."""
+    default = load_config(ROOT / "config" / "default.yaml")
+    example = load_config(ROOT / "config" / "examples" / "profile_routing.yaml")
+    assert example.tiers == default.tiers and example.models == default.models
+    assert [r.name for r in example.routing.rules] == ["latency", "memory", "throughput"]
+    assert [r for r in default.routing.rules if r.name in ("latency", "memory", "throughput")] == example.routing.rules
