@@ -117,6 +117,7 @@ class EmbeddedTier(Tier):
             return
         self.state = "restarting"
         self.engine = None
+        engine.engine.shutdown()     # its grammar compiler's worker thread (the engine thread has ended)
         # The dead engine's KV pool must be freed before a new one is allocated. Start-up froze
         # the heap, and frozen objects in reference cycles are never collected: unfreeze here,
         # collect before the rebuild, freeze again once the new engine is in.
