@@ -20,7 +20,7 @@ from policies.needs import required_capabilities
 events = logging.getLogger("gateway.pipeline")    # the pipeline's log of tier failures
 
 # The request field that makes a capability needed, named in the 400 when no tier has it.
-CAPABILITY_PARAMS = {"tools": "tools", "json_schema": "response_format"}
+CAPABILITY_PARAMS = {"tools": "tools", "json_schema": "response_format", "logprobs": "logprobs"}
 
 
 class ChainWalk:

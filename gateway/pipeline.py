@@ -164,7 +164,8 @@ class Pipeline:
         language = language_signal(text) if rt.wants_language_signal else None
         features = RequestFeatures(ctx.endpoint, body.model, ctx.tenant, ctx.tenant_class, body.stream, body.n,
                                    body.output_limit, ctx.prompt_tokens_estimate, code, language,
-                                   tools=chat and bool(body.tools), json_schema=_wants_json(body))
+                                   tools=chat and bool(body.tools), json_schema=_wants_json(body),
+                                   logprobs=body.logprobs is not None and body.logprobs is not False)
         verdict = rt.classifier.classify(features, hint, tenant.allow_profile_hint)
         ctx.profile, ctx.profile_source, ctx.reasons = verdict.profile, verdict.source, verdict.reasons
         ctx.needs = verdict.needs

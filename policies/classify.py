@@ -30,6 +30,7 @@ class RequestFeatures:
     language: str | None = None    # why it looks not English (policies/language_signal.py); None: English or unknown
     tools: bool = False            # the request carries tools
     json_schema: bool = False      # the request asks for structured output (response_format json)
+    logprobs: bool = False         # the request asks for token logprobs
 
 
 @dataclass(slots=True)
@@ -145,6 +146,8 @@ class Classifier:
             needs.append("tools")
         if features.json_schema:
             needs.append("json_schema")
+        if features.logprobs:
+            needs.append("logprobs")
         if features.prompt_tokens is not None and features.prompt_tokens >= self.long_context_tokens:
             needs.append("long_context")
         return frozenset(needs) if needs else EMPTY_NEEDS

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from typing import Literal, get_args
 
-Capability = Literal["tools", "json_schema"]
+Capability = Literal["tools", "json_schema", "logprobs"]
 CAPABILITIES: frozenset[str] = frozenset(get_args(Capability))
 
-Need = Literal["code", "non_english", "long_context", "tools", "json_schema"]
+Need = Literal["code", "non_english", "long_context", "tools", "json_schema", "logprobs"]
 NEEDS: tuple[str, ...] = get_args(Need)
 
 # What a tier kind can do when its config does not say: an upstream server is taken to accept

@@ -153,7 +153,8 @@ class RouteMatch(_Strict):
     model: str | list[str] | None = None
     profile: Profile | list[Profile] | None = None
     needs: Need | list[Need] | None = Field(None, description="every need listed must be among the request's "
-                                                              "(code, non_english, long_context, tools, json_schema)")
+                                                              "(code, non_english, long_context, tools, json_schema, "
+                                                              "logprobs)")
 
 
 _ESCALATE_REPLACED = ("'escalate' was replaced by 'cascade: {to: TIER, tokens: K, signal: mean_logprob|"

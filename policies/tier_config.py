@@ -29,7 +29,7 @@ class _Strict(BaseModel):
 class _TierBase(_Strict):
     """What every tier kind declares the same way."""
     capabilities: list[Capability] | None = Field(
-        None, description="request features this tier can honour (tools, json_schema); a request needing one "
+        None, description="request features this tier can honour (tools, json_schema, logprobs); a request needing one "
                           "it lacks passes it over. Default: all of them")
 
     def capability_set(self) -> frozenset[str]:

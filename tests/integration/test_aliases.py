@@ -84,3 +84,17 @@ def test_bad_tools_are_400_naming_the_field(cg, extra, param):
     body = {"model": "with-up", "messages": PROSE, "max_tokens": 4, **extra}
     resp = httpx.post(f"{cg.base}/v1/chat/completions", json=body)
     assert resp.status_code == 400 and resp.json()["error"]["param"] == param, resp.text
+
+
+def test_logprobs_is_a_capability_tiers_can_lack(cg, client):
+    """The tiny tiers declare no capabilities: a request asking for logprobs skips them for the
+    upstream, named in the fallbacks and counted in the skip metric."""
+    resp = httpx.post(f"{cg.base}/v1/chat/completions", json={"model": "with-up", "messages": PROSE, "max_tokens": 4,
+                                                              "logprobs": True, "top_logprobs": 2})
+    assert resp.status_code == 200 and resp.headers["x-tiergate-tier"] == "up", resp.text
+    assert resp.headers["x-tiergate-fallbacks"] == "small: capability"
+    assert "needs logprobs" in resp.headers["x-tiergate-reasons"]
+    metrics = httpx.get(f"{cg.base}/metrics").text
+    assert 'tiergate_tier_skips_total{detail="logprobs",reason="capability",tier="small"}' in metrics
+    plain = httpx.post(f"{cg.base}/v1/chat/completions", json={"model": "with-up", "messages": PROSE, "max_tokens": 4})
+    assert plain.headers["x-tiergate-tier"] == "small"

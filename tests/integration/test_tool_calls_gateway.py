@@ -123,12 +123,20 @@ def test_round_trip_with_a_tool_result(client):
         assert content and not calls and reason in ("stop", "length")
 
 
-def test_usage_counts_the_constrained_tokens(client):
-    whole = client.chat.completions.create(model="bytes", messages=ASK, tools=TOOLS, tool_choice=NAMED, seed=3,
-                                           max_tokens=100)
+@pytest.mark.parametrize("seed", [3, 4, 5])
+def test_usage_counts_the_constrained_tokens(client, seed):
+    """Every token the grammar let through is counted: at least the call's compact text (one byte
+    token each) and the EOS, and the same count, seeded, whether the answer streams or not."""
+    kw = dict(model="bytes", messages=ASK, tools=TOOLS, tool_choice=NAMED, seed=seed, max_tokens=1000)
+    whole = client.chat.completions.create(**kw)
+    assert whole.choices[0].finish_reason == "tool_calls"        # the grammar ended it, not max_tokens
     call = whole.choices[0].message.tool_calls[0]
     text = f'<tool_call>\n{{"name": "{call.function.name}", "arguments": {call.function.arguments}}}\n</tool_call>'
-    assert whole.usage.completion_tokens == len(text.encode()) + 1      # one byte token each, and the EOS
+    assert len(text.encode()) + 1 <= whole.usage.completion_tokens < 1000
+    usage = None
+    for chunk in client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kw):
+        usage = chunk.usage or usage
+    assert usage.completion_tokens == whole.usage.completion_tokens
 
 
 @pytest.mark.parametrize("messages,param", [
