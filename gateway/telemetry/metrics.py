@@ -72,8 +72,8 @@ class GatewayMetrics:
                                             ("from_tier", "signal"), buckets=CONFIDENCE_BUCKETS, registry=r)
         self.tier_skips = Counter("tiergate_tier_skips", "Tiers of a request's chain passed over, by reason "
                                   "(capability: the request needs what the tier lacks, e.g. tools; not_ready, "
-                                  "breaker_open, tier_busy, ...) and detail for capability skips",
-                                  ("tier", "reason", "detail"), registry=r)
+                                  "breaker_open, tier_busy, ...) and, for capability skips, what was lacking",
+                                  ("tier", "reason", "capability"), registry=r)
         self._collector = _TierStateCollector()
         r.register(self._collector)
         # Until a source is set: each breaker's state as this replica's requests last saw it.
@@ -133,10 +133,10 @@ class GatewayMetrics:
                 seen.setdefault(tier, "closed")
 
     # ---- per request
-    def tier_skipped(self, *, tier: str, reason: str, detail: str = "") -> None:
-        """One tier passed over; `detail` only for capability skips (a few values: what was lacking),
-        never free text, so that the label set stays bounded."""
-        self.tier_skips.labels(tier, reason, detail).inc()
+    def tier_skipped(self, *, tier: str, reason: str, capability: str = "") -> None:
+        """One tier passed over; `capability` only for capability skips (what was lacking: one of a
+        few names), never free text, so that the label set stays bounded."""
+        self.tier_skips.labels(tier, reason, capability).inc()
 
     def observe_request(self, *, tier: str, profile: str, tenant_class: str, duration_s: float,
                         ttft_s: float | None = None, input_tokens: int = 0, output_tokens: int = 0,

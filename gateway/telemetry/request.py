@@ -89,7 +89,7 @@ class RequestTelemetry:
         for skip in ctx.fallbacks:
             lacking = skip.detail.split(", ") if skip.reason == SkipReason.CAPABILITY else ()
             metrics.tier_skipped(tier=skip.tier, reason=skip.reason.value,
-                                 detail=skip.detail if lacking and set(lacking) <= CAPABILITIES else "")
+                                 capability=skip.detail if lacking and set(lacking) <= CAPABILITIES else "")
         admission = ctx.admission
         if admission is not None:
             if admission.allowed:

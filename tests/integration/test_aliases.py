@@ -55,7 +55,7 @@ def test_tools_skip_embedded_tiers_and_reach_an_upstream_unchanged(cg, client):
     sent = httpx.get(cg.upstream.base_url.removesuffix("/v1") + "/__control").json()["last_body"]
     assert (sent["tools"], sent["tool_choice"], sent["parallel_tool_calls"]) == (TOOLS, choice, False)
     metrics = httpx.get(f"{cg.base}/metrics").text
-    assert 'tiergate_tier_skips_total{detail="tools",reason="capability",tier="small"}' in metrics
+    assert 'tiergate_tier_skips_total{capability="tools",reason="capability",tier="small"}' in metrics
 
 
 def test_tools_no_tier_can_honour_get_a_400_naming_tools(client):
@@ -95,6 +95,6 @@ def test_logprobs_is_a_capability_tiers_can_lack(cg, client):
     assert resp.headers["x-tiergate-fallbacks"] == "small: capability"
     assert "needs logprobs" in resp.headers["x-tiergate-reasons"]
     metrics = httpx.get(f"{cg.base}/metrics").text
-    assert 'tiergate_tier_skips_total{detail="logprobs",reason="capability",tier="small"}' in metrics
+    assert 'tiergate_tier_skips_total{capability="logprobs",reason="capability",tier="small"}' in metrics
     plain = httpx.post(f"{cg.base}/v1/chat/completions", json={"model": "with-up", "messages": PROSE, "max_tokens": 4})
     assert plain.headers["x-tiergate-tier"] == "small"

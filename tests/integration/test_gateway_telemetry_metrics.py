@@ -31,7 +31,9 @@ from tests.telemetry_harness import (
 
 SECRET = "okapi-secret-0042"
 MESSAGES = [{"role": "user", "content": f"w3 w4 {SECRET}"}]
-ALLOWED_LABELS = {"tier", "profile", "tenant_class", "type", "reason", "state", "le"}
+# Labels whose values are bounded by the config or the code (no request text, no ids):
+# "capability" is one of policies.needs.CAPABILITIES (or a comma list of them).
+ALLOWED_LABELS = {"tier", "profile", "tenant_class", "type", "reason", "state", "le", "capability"}
 
 
 @pytest.fixture(scope="module")
