@@ -63,11 +63,13 @@ def test_kv_dtype_names_resolve():
 
 @pytest.mark.parametrize("kv,ratio,fp32_bound", [
     # fp32_bound: the mean |logit error| (prefill and two decodes) the quantized cache alone may
-    # cause, measured with the fp32 model: int8 0.08, fp8 0.16, int4 0.95 (a draft's cache,
-    # coarser by design). A layout or scale bug gives errors of several units everywhere.
+    # cause, measured with the fp32 model: int8 0.08, fp8 0.16, int4 0.95 on an AMD EPYC (AVX2),
+    # int4 1.98 on an Intel Xeon with AVX-512 and AMX, the torch reference ops giving the same
+    # there (a draft's cache, coarser by design, whose error follows the CPU's fp32 numerics).
+    # A layout or scale bug gives errors of several units everywhere.
     ("int8", 1.9, 0.15),
     ("fp8", 1.9, 0.3),
-    ("int4", 3.5, 1.5),
+    ("int4", 3.5, 2.5),
 ])
 def test_quantized_kv_capacity_identity_and_logits(bf16_model, real_fp32, kv, ratio, fp32_bound):
     bf16 = _engine(bf16_model, None)
