@@ -13,16 +13,21 @@ Hermes fallback) and Qwen2.5-Coder-0.5B (its own template with tools, `<tool_cal
 from __future__ import annotations
 
 import json
+import socket
+import subprocess
+import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
 from typing import Literal
 
+import httpx
 import jsonschema
 import openai
 import pytest
 from pydantic import BaseModel, Field
 
 from bench.structured.schemas import SCHEMAS, prompt_messages
-from tests.gateway_harness import RunningGateway
 
 pytestmark = pytest.mark.slow
 
@@ -55,9 +60,36 @@ models:
   smol: {chain: [smol]}
   qwen: {chain: [qwen]}
 """)
-    gw = RunningGateway(path, timeout_s=900)
-    yield gw
-    gw.stop()
+    # A real `tiergate serve` process: both models' engines and grammars leave with it, instead
+    # of staying in the test process beside the session's reference models.
+    port = _free_port()
+    log = path.with_name("serve.log").open("w")      # a file, not a pipe: nobody reads the log while it runs
+    proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", "--config", str(path), "--port", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=log, text=True)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 900       # two models loading on a busy 2-core machine: slow, not stuck
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"tiergate serve exited: {path.with_name('serve.log').read_text()[-2000:]}")
+        try:
+            if httpx.get(f"{base}/readyz", timeout=5).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    else:
+        proc.kill()
+        pytest.fail("tiergate serve did not become ready in 900 s")
+    yield SimpleNamespace(base=base)
+    proc.terminate()
+    proc.wait(timeout=60)
+    log.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
