@@ -13,8 +13,6 @@ Hermes fallback) and Qwen2.5-Coder-0.5B (its own template with tools, `<tool_cal
 from __future__ import annotations
 
 import json
-import socket
-import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -27,6 +25,7 @@ import openai
 import pytest
 from pydantic import BaseModel, Field
 
+from bench.processes import free_port, start_process, stop_processes
 from bench.structured.schemas import SCHEMAS, prompt_messages
 
 pytestmark = pytest.mark.slow
@@ -62,15 +61,15 @@ models:
 """)
     # A real `tiergate serve` process: both models' engines and grammars leave with it, instead
     # of staying in the test process beside the session's reference models.
-    port = _free_port()
-    log = path.with_name("serve.log").open("w")      # a file, not a pipe: nobody reads the log while it runs
-    proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", "--config", str(path), "--port", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=log, text=True)
+    port = free_port()
+    log = path.with_name("serve.log")
+    proc = start_process([sys.executable, "-m", "gateway.cli", "serve", "--config", str(path), "--port", str(port)],
+                         log)
     base = f"http://127.0.0.1:{port}"
     deadline = time.time() + 900       # two models loading on a busy 2-core machine: slow, not stuck
     while time.time() < deadline:
         if proc.poll() is not None:
-            pytest.fail(f"tiergate serve exited: {path.with_name('serve.log').read_text()[-2000:]}")
+            pytest.fail(f"tiergate serve exited: {log.read_text()[-2000:]}")
         try:
             if httpx.get(f"{base}/readyz", timeout=5).status_code == 200:
                 break
@@ -78,18 +77,10 @@ models:
             pass
         time.sleep(0.5)
     else:
-        proc.kill()
+        stop_processes([proc])
         pytest.fail("tiergate serve did not become ready in 900 s")
     yield SimpleNamespace(base=base)
-    proc.terminate()
-    proc.wait(timeout=60)
-    log.close()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    stop_processes([proc], timeout_s=60)
 
 
 @pytest.fixture(scope="module")
