@@ -224,14 +224,22 @@ def gateway_report(doc: dict, directory: str | Path) -> Path:
     c = doc.get("console")
     if c:
         report.heading("With an operator console open")
-        report.table(["", "req/s", "ratio", "CPU ms per poll", "CPU share of 1 poll/s"],
-                     [["without console", c["throughput_without_console_rps"], 1.0, None, None],
-                      ["with console", c["throughput_with_console_rps"], c["ratio"], c["gateway_cpu_ms_per_poll"],
-                       c["cpu_share_of_one_poll_per_s"]]])
-        report.figure(_bars(["without console", "with console"],
-                            [c["throughput_without_console_rps"], c["throughput_with_console_rps"]],
-                            "requests/s (closed loop)", f"{c['concurrency']} clients back to back"),
-                      "console_throughput", "Gateway throughput with and without a console polling it")
+        rates, cpu = c["throughput_rps"], c["gateway_cpu_ms_per_request"]
+        base = rates["0"]
+        labels = [f"{tabs} tab{'s' if tabs != '1' else ''}" if tabs != "0" else "no console" for tabs in rates]
+        report.table(["", "req/s", "ratio of totals", "gateway CPU ms per request"],
+                     [[label, rate, round(rate / base, 4) if base else None, cpu[tabs]]
+                      for label, (tabs, rate) in zip(labels, rates.items())])
+        many = c.get("many_tabs")
+        if many:
+            report.paragraph(f"{c['tabs']} tabs: throughput x{many['mean_ratio']} (95 % interval {many['ratio_95']} "
+                             f"over {c['rounds']} rounds), so one console costs {many['cost_per_tab']:.4%} "
+                             f"(95 % interval {many['cost_per_tab_95'][0]:.3%} to {many['cost_per_tab_95'][1]:.3%}); "
+                             f"bar < {c['bar']:.0%}: {c['meets_bar']}. "
+                             f"CPU per poll {c['gateway_cpu_ms_per_poll']} ms.")
+        report.figure(_bars(labels, list(rates.values()), "requests/s (closed loop)",
+                            f"{c['concurrency']} clients back to back"),
+                      "console_throughput", "Gateway throughput with no console, one tab and many tabs polling it")
     return report.write()
 
 

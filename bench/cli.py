@@ -43,6 +43,9 @@ def add_bench_parsers(bench_sub) -> None:
     gw.add_argument("--console", action="store_true", help="also measure throughput (closed loop) with and without "
                                                            "an operator console polling the gateway once a second")
     gw.add_argument("--console-concurrency", type=int, default=32, help="clients of the closed-loop throughput phases")
+    gw.add_argument("--console-tabs", type=int, default=32,
+                    help="also measure with this many console tabs open: one tab's cost is theirs divided by it "
+                         "(1: one tab only)")
     gw.add_argument("--report", dest="report_dir", help="also write DIR/report.md with PNG plots")
     gw.set_defaults(run=_reported("gateway", _bench_gateway))
     spec = bench_sub.add_parser("spec", help="speculative decoding vs plain decoding, batch 1 and batched")
@@ -225,10 +228,10 @@ def _bench_gateway(args: argparse.Namespace) -> int:
     from bench.serving.gateway import run_gateway_bench
     if args.rate <= 0 or args.seconds <= 0 or args.rounds < 1 or not 0 <= args.stream_share <= 1:
         raise UsageError("--rate and --seconds must be positive, --rounds >= 1, --stream-share in [0, 1]")
-    if args.console_concurrency < 1:
-        raise UsageError("--console-concurrency must be >= 1")
+    if args.console_concurrency < 1 or not 1 <= args.console_tabs <= 256:
+        raise UsageError("--console-concurrency must be >= 1, --console-tabs in [1, 256]")
     return run_gateway_bench(args.json_out, args.rate, args.seconds, args.rounds, args.stream_share,
-                             args.console, args.console_concurrency)
+                             args.console, args.console_concurrency, args.console_tabs)
 
 
 def _bench_serve(args: argparse.Namespace) -> int:

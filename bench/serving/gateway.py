@@ -144,7 +144,7 @@ async def _measure(targets: dict[str, tuple[int, int | None]], payloads: list[by
 
 
 def run_gateway_bench(json_out: str, rate: float, seconds: float, rounds: int, stream_share: float,
-                      with_console: bool = False, console_concurrency: int = 32) -> int:
+                      with_console: bool = False, console_concurrency: int = 32, console_tabs: int = 32) -> int:
     """`with_console`: also measure the gateway's throughput with and without an open console
     (bench/serving/console_overhead.py), on the memory-store gateway, after the latency passes."""
     console = Console(stderr=True)
@@ -191,7 +191,7 @@ def run_gateway_bench(json_out: str, rate: float, seconds: float, rounds: int, s
                           f"{seconds:.0f} s per side")
             console_cost = _run_loop(measure_console_cost(
                 "127.0.0.1", port, pid, _payloads(stream_share), concurrency=console_concurrency, seconds=seconds,
-                rounds=rounds, key=ADMIN_KEY, log=console.print))
+                rounds=rounds, key=ADMIN_KEY, tabs=console_tabs, log=console.print))
     finally:
         stop_processes(procs)
 
@@ -241,10 +241,15 @@ def run_gateway_bench(json_out: str, rate: float, seconds: float, rounds: int, s
     if console_cost is not None:
         c = console_cost
         console.print(f"console open: {c['throughput_with_console_rps']} req/s vs "
-                      f"{c['throughput_without_console_rps']} "
-                      f"without (ratio {c['ratio']}, cost {c['cost']}); {c['gateway_cpu_ms_per_poll']} ms CPU per poll "
-                      f"= {c['cpu_share_of_one_poll_per_s']} of the gateway's CPU at full load; gateway CPU per "
-                      f"request {c['gateway_cpu_ms_per_request']['without']} -> {c['gateway_cpu_ms_per_request']['with']} "
-                      f"ms (throughput at saturation x{c['cpu_throughput_ratio']})")
+                      f"{c['throughput_without_console_rps']} without (ratio {c['ratio']}); "
+                      f"{c['gateway_cpu_ms_per_poll']} ms CPU per poll = {c['cpu_share_of_one_poll_per_s']} of the "
+                      f"gateway's CPU at full load; gateway CPU ms per request by tabs open "
+                      f"{c['gateway_cpu_ms_per_request']}")
+        many = c.get("many_tabs")
+        if many:
+            console.print(f"{c['tabs']} tabs: throughput x{many['mean_ratio']} (95 % {many['ratio_95']}), so one "
+                          f"console costs {many['cost_per_tab']:.4%} (95 % interval {many['cost_per_tab_95'][0]:.3%} "
+                          f"to {many['cost_per_tab_95'][1]:.3%}); "
+                          f"bar < {c['bar']:.0%}: {c['meets_bar']}")
     console.print(f"wrote {json_out}")
     return 0

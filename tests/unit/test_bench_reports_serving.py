@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from bench.bench_reports import WRITERS, write_report
+from bench.serving.console_overhead import ClosedLoopResult, PhaseLog, summarise
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "bench"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -41,9 +42,12 @@ def test_serve_report_draws_cdfs_from_samples(tmp_path):
 
 def test_gateway_report_shows_the_console_cost(tmp_path):
     doc = json.loads((DOCS / "gateway.json").read_text())
-    doc["console"] = {"throughput_without_console_rps": 1000.0, "throughput_with_console_rps": 995.0, "ratio": 0.995,
-                      "gateway_cpu_ms_per_poll": 1.2, "cpu_share_of_one_poll_per_s": 0.0012, "concurrency": 32}
+    results = {0: [ClosedLoopResult(1000, 0, 1.0)] * 3, 1: [ClosedLoopResult(995, 0, 1.0)] * 3,
+               16: [ClosedLoopResult(950, 0, 1.0)] * 3}
+    doc["console"] = summarise(PhaseLog(16, results, {0: 1.0, 1: 1.0, 16: 1.1}, {0: 0, 1: 3, 16: 48}),
+                               per_poll_ms=1.2, concurrency=32, seconds=1.0, rounds=3)
     source = tmp_path / "gateway.json"
     source.write_text(json.dumps(doc))
     text = _check(write_report("gateway", source, tmp_path / "out"))
     assert "With an operator console open" in text and "console_throughput.png" in text
+    assert "16 tabs" in text and "one console costs 0.3130%" in text
