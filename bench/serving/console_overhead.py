@@ -1,17 +1,18 @@
-"""What an open operator console costs the gateway: its request throughput with and without a
-console polling it, in one run (`tiergate bench gateway --console`).
+"""What an open operator console costs the gateway: its request throughput with no console, one
+console tab and many tabs polling it, in one run (`tiergate bench gateway --console`).
 
 Throughput is measured closed loop: `concurrency` clients send requests back to back for a
-phase, and the phase's figure is requests completed per second. Phases alternate (without,
-with, then with, without, ...) so that drift on a shared machine falls on both sides; the
-verdict is the ratio of the summed throughputs, and each round's own ratio is kept too.
+phase, and the phase's figure is requests completed per second. Each round runs one phase per
+side in an order that rotates and reverses from round to round, so that drift on a shared
+machine falls on every side. One tab's cost (a fraction of a percent) is under the noise of a
+2-core machine; N tabs cost N times as much, so the verdict is the N-tab cost over the polls
+per second they made, with a bootstrap interval over the rounds' paired ratios.
 
 The console is what a browser tab does: it loads the page and its two files once, then asks
 for /console/api/state once a second with the admin key, passing `since` (the newest sparkline
 point it holds), as gateway/console/static/console.js does. Separately, the gateway's CPU time
-per poll is measured with the gateway otherwise idle, which gives the cost as a share of the
-CPU the gateway spends per second at full load: a figure that does not drown in the noise of
-a 2-core machine the way a throughput difference of a fraction of a percent can.
+per poll is measured with the gateway otherwise idle, and its CPU per completed request on
+each side: both give the cost in CPU terms beside the throughput figures.
 """
 
 from __future__ import annotations
