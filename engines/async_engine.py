@@ -19,10 +19,13 @@ import threading
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
+import torch
+
 from engines.errors import EngineDeadError, StepFailedError
 from engines.grammar import GrammarState
 from engines.llm_engine import LLMEngine, RequestOutput
 from engines.sampling_params import SamplingParams
+from engines.thread_count import set_thread_count
 
 __all__ = ["MAX_STEP_FAILURES", "AsyncEngine", "EngineDeadError", "StepFailedError"]
 
@@ -59,12 +62,17 @@ class _Abort:
 
 class AsyncEngine:
     def __init__(self, engine: LLMEngine, *, max_step_failures: int = MAX_STEP_FAILURES,
-                 on_dead: Callable[[AsyncEngine], None] | None = None):
+                 on_dead: Callable[[AsyncEngine], None] | None = None, threads: int | None = None):
         """`on_dead(self)` is called once, from the engine thread, when the engine is declared
-        dead (not on shutdown)."""
+        dead (not on shutdown). `threads`: the CPU threads this engine's ops use (its OpenMP
+        team), set for the engine thread alone (engines/thread_count.py). None: torch's default."""
         if max_step_failures < 1:
             raise ValueError("max_step_failures must be at least 1")
+        if threads is not None and threads < 1:
+            raise ValueError("threads must be at least 1")
         self.engine = engine
+        self.threads = threads
+        self.threads_in_use: int | None = None   # as the engine thread sees it, once started
         self.max_step_failures = max_step_failures
         self.on_dead = on_dead
         self.step_failures = 0            # steps that raised, over the engine's life
@@ -157,6 +165,8 @@ class AsyncEngine:
 
     def _run(self) -> None:
         try:
+            self.threads_in_use = (torch.get_num_threads() if self.threads is None
+                                   else set_thread_count(self.threads))
             while not self._stopping:
                 self._apply_commands()
                 if not self.engine.has_unfinished():

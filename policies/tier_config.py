@@ -82,6 +82,10 @@ class EmbeddedTierConfig(_TierBase):
     quant_group_size: Int4GroupSize = 128
     kv_cache_dtype: KvCacheDtype | None = Field(None, description="None: the model dtype")
     speculative: SpeculativeSettings | None = None
+    threads: int | None = Field(
+        None, ge=1, le=256, description="CPU threads of this tier's engine (its OpenMP team); None: every core. "
+                                        "1 keeps a batch-1 tier on one core: there it runs faster than two threads "
+                                        "that wake each other per op, and leaves the other cores to the rest")
     max_in_flight: int | None = Field(
         None, gt=0, description="above this many calls open to the tier, routing passes it over for the next "
                                 "tier of the chain; when every tier left is busy, the first busy one takes it")

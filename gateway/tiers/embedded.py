@@ -97,7 +97,7 @@ class EmbeddedTier(Tier):
             await asyncio.to_thread(self.engine.shutdown)
 
     def _install(self, llm: LLMEngine) -> None:
-        self.engine = AsyncEngine(llm, on_dead=self._engine_died)
+        self.engine = AsyncEngine(llm, on_dead=self._engine_died, threads=self.config.threads)
         self.loaded = llm.loaded
         self._engine_config, self._engine_identity = llm.config, llm.identity
 
@@ -174,6 +174,8 @@ class EmbeddedTier(Tier):
         if self.loaded is not None:
             out["dtype"] = str(self.loaded.dtype).removeprefix("torch.")    # what `auto` chose, too
         if self.engine is not None:
+            if self.engine.threads_in_use is not None:
+                out["threads"] = self.engine.threads_in_use
             st = self.engine.stats
             out["kv_blocks_used"] = st.kv_blocks_used
             out["kv_blocks_total"] = st.kv_blocks_total

@@ -161,3 +161,34 @@ async def test_async_streams_equal_the_engine_and_step_off_the_loop(tiny, refere
     finally:
         async_engine.engine.step = real_step
         async_engine.shutdown()
+
+
+async def test_an_engine_with_its_own_thread_count_keeps_outputs_and_leaves_others_alone(tiny, reference):
+    """`threads=1`: the engine's ops run on one thread, the tokens are the same, and the thread
+    count of the caller and of threads started later is untouched."""
+    before = torch.get_num_threads()
+    async_engine = AsyncEngine(_engine(tiny), threads=1)
+    seen: list[int] = []
+    real_step = async_engine.engine.step
+
+    def step():
+        seen.append(torch.get_num_threads())
+        return real_step()
+
+    async_engine.engine.step = step
+    try:
+        params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0)
+        got = [t async for out in async_engine.generate("r0", _prompts()[3], params) for t in out.token_ids]
+        assert got == reference[3]
+        assert seen and set(seen) == {1} and async_engine.threads_in_use == 1
+        assert torch.get_num_threads() == before
+        # a thread that starts its first torch op afterwards (the next tier's loader) keeps the default
+        fresh: list[int] = []
+        worker = threading.Thread(target=lambda: fresh.append(torch.get_num_threads()))
+        worker.start()
+        worker.join()
+        assert fresh == [before]
+    finally:
+        async_engine.shutdown()
+    with pytest.raises(ValueError, match="threads"):
+        AsyncEngine(_engine(tiny), threads=0)
