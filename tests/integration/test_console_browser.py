@@ -22,6 +22,7 @@ import pytest
 
 from bench.processes import ROOT, free_port, start_process, stop_processes
 from policies.config import hash_api_key
+from tests.serve_process import wait_until_ready
 from tests.tiny_models import write_tiny_checkpoint
 
 CHROMIUM = "/usr/bin/chromium"
@@ -57,18 +58,6 @@ limits:
 """
 
 
-def _wait_ready(base: str, timeout_s: float = 240) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{base}/readyz", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise AssertionError(f"gateway at {base} not ready after {timeout_s:.0f} s")
-
-
 def _ask(base: str, model: str) -> httpx.Response:
     return httpx.post(f"{base}/v1/chat/completions", json={"model": model, "messages": MSG, "max_tokens": 4},
                       headers={"authorization": f"Bearer {APP_KEY}"}, timeout=60)
@@ -88,7 +77,7 @@ def served(tmp_path):
                            tmp_path / "gateway.log", env)]
     base = f"http://127.0.0.1:{port}"
     try:
-        _wait_ready(base)
+        wait_until_ready(base, 240, procs[1], tmp_path / "gateway.log")
         yield base, f"http://127.0.0.1:{up_port}"
     finally:
         stop_processes(procs)

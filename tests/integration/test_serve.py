@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -12,13 +11,10 @@ import httpx
 import openai
 import pytest
 
+from bench.processes import free_port, start_process
+from tests.serve_process import wait_until_ready
+
 pytestmark = pytest.mark.slow
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 CONFIG = ("auth: {enabled: false}\nserver: {reload_poll_s: 0}\n"
@@ -30,22 +26,16 @@ CONFIG = ("auth: {enabled: false}\nserver: {reload_poll_s: 0}\n"
 def server(tmp_path_factory):
     cfg = tmp_path_factory.mktemp("cfg") / "c.yaml"
     cfg.write_text(CONFIG)
-    port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", "--config", str(cfg), "--port", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    port = free_port()
+    log = cfg.with_name("serve.log")
+    proc = start_process([sys.executable, "-m", "gateway.cli", "serve", "--config", str(cfg), "--port", str(port)],
+                         log)
     base = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 300       # loading the model on a loaded 2-core machine: slow, not stuck
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"server exited: {proc.stderr.read()}")
-        try:
-            if httpx.get(f"{base}/readyz", timeout=5).status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(0.3)
-    else:
+    try:
+        wait_until_ready(base, 300, proc, log)     # loading the model on a loaded 2-core machine
+    except AssertionError:
         proc.kill()
-        pytest.fail("server did not become ready in 300 s")
+        raise
     yield base, cfg, proc
     proc.terminate()
     proc.wait(timeout=30)
@@ -117,7 +107,7 @@ def test_serve_refuses_no_auth_off_loopback(tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text(CONFIG)
     done = subprocess.run([sys.executable, "-m", "gateway.cli", "serve", "--config", str(cfg), "--host", "0.0.0.0",
-                           "--port", str(_free_port())], capture_output=True, text=True, timeout=120, check=False)
+                           "--port", str(free_port())], capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 2
     assert done.stderr.strip().count("\n") == 0 and "loopback only" in done.stderr
 

@@ -14,12 +14,10 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 from typing import Literal
 
-import httpx
 import jsonschema
 import openai
 import pytest
@@ -27,6 +25,7 @@ from pydantic import BaseModel, Field
 
 from bench.processes import free_port, start_process, stop_processes
 from bench.structured.schemas import SCHEMAS, prompt_messages
+from tests.serve_process import wait_until_ready
 
 pytestmark = pytest.mark.slow
 
@@ -66,19 +65,11 @@ models:
     proc = start_process([sys.executable, "-m", "gateway.cli", "serve", "--config", str(path), "--port", str(port)],
                          log)
     base = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 900       # two models loading on a busy 2-core machine: slow, not stuck
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"tiergate serve exited: {log.read_text()[-2000:]}")
-        try:
-            if httpx.get(f"{base}/readyz", timeout=5).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    else:
+    try:
+        wait_until_ready(base, 900, proc, log)     # two models loading on a busy 2-core machine
+    except AssertionError:
         stop_processes([proc])
-        pytest.fail("tiergate serve did not become ready in 900 s")
+        raise
     yield SimpleNamespace(base=base)
     stop_processes([proc], timeout_s=60)
 
