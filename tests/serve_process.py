@@ -1,13 +1,32 @@
-"""Waiting for a `tiergate serve` child process (started with bench.processes.start_process) to
-answer /readyz: the tests that run the real command share this one loop."""
+"""`tiergate serve` as a child process for the tests that run the real command: started on a
+free port with its log in a file (bench.processes), and waited for until /readyz answers."""
 
 from __future__ import annotations
 
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import httpx
+
+from bench.processes import free_port, start_process, stop_processes
+
+
+def start_serve(config: Path, timeout_s: float) -> tuple[subprocess.Popen, str]:
+    """(process, base URL) of `tiergate serve --config CONFIG` once ready; its log lies beside the
+    config as serve.log. Stopped again when it does not become ready."""
+    port = free_port()
+    log = config.with_name("serve.log")
+    proc = start_process([sys.executable, "-m", "gateway.cli", "serve", "--config", str(config), "--port", str(port)],
+                         log)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_until_ready(base, timeout_s, proc, log)
+    except AssertionError:
+        stop_processes([proc])
+        raise
+    return proc, base
 
 
 def wait_until_ready(base: str, timeout_s: float, proc: subprocess.Popen | None = None,

@@ -11,8 +11,8 @@ import httpx
 import openai
 import pytest
 
-from bench.processes import free_port, start_process
-from tests.serve_process import wait_until_ready
+from bench.processes import free_port
+from tests.serve_process import start_serve
 
 pytestmark = pytest.mark.slow
 
@@ -26,16 +26,7 @@ CONFIG = ("auth: {enabled: false}\nserver: {reload_poll_s: 0}\n"
 def server(tmp_path_factory):
     cfg = tmp_path_factory.mktemp("cfg") / "c.yaml"
     cfg.write_text(CONFIG)
-    port = free_port()
-    log = cfg.with_name("serve.log")
-    proc = start_process([sys.executable, "-m", "gateway.cli", "serve", "--config", str(cfg), "--port", str(port)],
-                         log)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_until_ready(base, 300, proc, log)     # loading the model on a loaded 2-core machine
-    except AssertionError:
-        proc.kill()
-        raise
+    proc, base = start_serve(cfg, 300)      # loading the model on a loaded 2-core machine
     yield base, cfg, proc
     proc.terminate()
     proc.wait(timeout=30)

@@ -13,7 +13,6 @@ Hermes fallback) and Qwen2.5-Coder-0.5B (its own template with tools, `<tool_cal
 from __future__ import annotations
 
 import json
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 from typing import Literal
@@ -23,9 +22,9 @@ import openai
 import pytest
 from pydantic import BaseModel, Field
 
-from bench.processes import free_port, start_process, stop_processes
+from bench.processes import stop_processes
 from bench.structured.schemas import SCHEMAS, prompt_messages
-from tests.serve_process import wait_until_ready
+from tests.serve_process import start_serve
 
 pytestmark = pytest.mark.slow
 
@@ -60,16 +59,7 @@ models:
 """)
     # A real `tiergate serve` process: both models' engines and grammars leave with it, instead
     # of staying in the test process beside the session's reference models.
-    port = free_port()
-    log = path.with_name("serve.log")
-    proc = start_process([sys.executable, "-m", "gateway.cli", "serve", "--config", str(path), "--port", str(port)],
-                         log)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_until_ready(base, 900, proc, log)     # two models loading on a busy 2-core machine
-    except AssertionError:
-        stop_processes([proc])
-        raise
+    proc, base = start_serve(path, 900)     # two models loading on a busy 2-core machine
     yield SimpleNamespace(base=base)
     stop_processes([proc], timeout_s=60)
 
