@@ -157,7 +157,32 @@ def add_bench_parsers(bench_sub) -> None:
     routing.add_argument("--latency-prompts", type=int, default=8, help="prompts timed one at a time")
     routing.add_argument("--latency-tokens", type=int, default=24, help="tokens of each timed request (>= K)")
     routing.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
+    routing.add_argument("--gain-model", default="smollm2-qwen2.5-coder",
+                         help="tiergate's router: a learned gain model (bundled name or path); 'none' judges the "
+                              "hand-written rules with the cascade instead")
     routing.set_defaults(run=_bench_routing)
+    labels = bench_sub.add_parser("routing-labels", help="score training prompts on both tiers (bits per byte of "
+                                                         "the reference): the labels a learned router is fitted on")
+    labels.add_argument("--out", required=True, help="JSON lines, one per prompt; a rerun continues the file")
+    labels.add_argument("--num-prompts", type=int, default=3000)
+    labels.add_argument("--small", default="default", help="small tier's model (source name or path)")
+    labels.add_argument("--large", default="qwen", help="large tier's model (source name or path)")
+    labels.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    labels.add_argument("--slice", choices=["training", "tuning"], default="training", dest="slice_name",
+                        help="training: records 0-15,000 (everything before the held-out slice)")
+    labels.add_argument("--max-prompt-tokens", type=int, default=512)
+    labels.add_argument("--max-reference-tokens", type=int, default=256)
+    labels.add_argument("--min-reference-tokens", type=int, default=8)
+    labels.set_defaults(run=_bench_routing_labels)
+    train = bench_sub.add_parser("routing-train", help="fit the learned router's gain model on routing-labels' "
+                                                       "output (cross-validated; the held-out slice is never read)")
+    train.add_argument("--labels", required=True, help="the JSON lines routing-labels wrote")
+    train.add_argument("--out", required=True, help="the gain model file to write (JSON)")
+    train.add_argument("--share", type=float, default=0.30, help="share of calls to large the written threshold "
+                                                                  "gives on the training prompts")
+    train.add_argument("--folds", type=int, default=5)
+    train.add_argument("--min-prompts-per-feature", type=int, default=3)
+    train.set_defaults(run=_bench_routing_train)
 
 
 def _reported(kind: str, run):
@@ -298,6 +323,34 @@ def _bench_soak(args: argparse.Namespace) -> int:
                           args.max_tokens, args.seed)
 
 
+def _bench_routing_labels(args: argparse.Namespace) -> int:
+    from bench.routing.labels import LabelOptions, collect_labels
+    from bench.routing.workload import WorkloadCaps, WorkloadError
+    if args.num_prompts < 1:
+        raise UsageError("--num-prompts must be >= 1")
+    if not 1 <= args.min_reference_tokens <= args.max_reference_tokens or args.max_prompt_tokens < 1:
+        raise UsageError("need 1 <= --min-reference-tokens <= --max-reference-tokens and --max-prompt-tokens >= 1")
+    caps = WorkloadCaps(args.max_prompt_tokens, args.max_reference_tokens, args.min_reference_tokens)
+    options = LabelOptions(num_prompts=args.num_prompts, small=args.small, large=args.large, dtype=args.dtype,
+                           caps=caps, slice_name=args.slice_name)
+    try:
+        return collect_labels(args.out, options)
+    except WorkloadError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _bench_routing_train(args: argparse.Namespace) -> int:
+    from bench.routing.train_router import TrainOptions, run_train
+    from bench.routing.workload import WorkloadError
+    if not 0 < args.share < 1 or args.folds < 2 or args.min_prompts_per_feature < 1:
+        raise UsageError("need 0 < --share < 1, --folds >= 2 and --min-prompts-per-feature >= 1")
+    options = TrainOptions(min_prompts_per_feature=args.min_prompts_per_feature, folds=args.folds, share=args.share)
+    try:
+        return run_train(args.labels, args.out, options)
+    except WorkloadError as exc:
+        raise UsageError(str(exc)) from None
+
+
 def _bench_routing(args: argparse.Namespace) -> int:
     from bench.routing.runner import RoutingOptions, run_routing_bench
     from bench.routing.workload import WorkloadCaps, WorkloadError
@@ -319,7 +372,8 @@ def _bench_routing(args: argparse.Namespace) -> int:
                              probe_tokens=args.probe_tokens, signal=args.signal, caps=caps, slice_name=args.slice_name,
                              seed=args.seed, speed_batch=args.speed_batch, speed_decode_tokens=args.speed_decode_tokens,
                              speed_rounds=args.speed_rounds,
-                             latency_prompts=args.latency_prompts, latency_tokens=args.latency_tokens)
+                             latency_prompts=args.latency_prompts, latency_tokens=args.latency_tokens,
+                             gain_model=None if args.gain_model.lower() == "none" else args.gain_model)
     try:
         return run_routing_bench(args.json_out, args.report_dir, options)
     except WorkloadError as exc:

@@ -19,21 +19,32 @@ import torch
 _RUNTIMES = ("libgomp", "libiomp5", "libomp")
 
 
+def _torch_first(paths: list[str]) -> list[str]:
+    """Torch's own runtime before any other: other wheels (scikit-learn, ...) map a vendored copy
+    of libgomp of their own, and setting that one's team size does nothing to torch's ops."""
+    homes = (str(Path(torch.__file__).resolve().parent), str(Path(torch.__file__).resolve().parent) + ".libs")
+    return sorted(paths, key=lambda p: not p.startswith(homes))
+
+
 @functools.cache     # one runtime per process
 def _openmp_runtime() -> ctypes.CDLL | None:
     try:
         maps = Path("/proc/self/maps").read_text().splitlines()
     except OSError:
         return None
+    paths = []
     for line in maps:
         path = line.split()[-1] if line.split() else ""
-        if path.startswith("/") and any(Path(path).name.startswith(name) for name in _RUNTIMES):
-            try:
-                lib = ctypes.CDLL(path)
-                lib.omp_set_num_threads.argtypes = [ctypes.c_int]
-                return lib
-            except (OSError, AttributeError):
-                continue
+        if (path.startswith("/") and path not in paths
+                and any(Path(path).name.startswith(name) for name in _RUNTIMES)):
+            paths.append(path)
+    for path in _torch_first(paths):
+        try:
+            lib = ctypes.CDLL(path)
+            lib.omp_set_num_threads.argtypes = [ctypes.c_int]
+            return lib
+        except (OSError, AttributeError):
+            continue
     return None
 
 

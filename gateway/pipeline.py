@@ -159,13 +159,15 @@ class Pipeline:
         elif rt.classifier.needs_prompt_tokens or rt.estimates[body.model]:
             ctx.prompt_tokens_estimate = self._count_prompt(rt, call)
         chat = isinstance(body, ChatCompletionRequest)
-        text = _prompt_text(body) if rt.wants_code_signal or rt.wants_language_signal else ""
+        wants_gain = rt.classifier.gain_model is not None
+        text = _prompt_text(body) if rt.wants_code_signal or rt.wants_language_signal or wants_gain else ""
         code = code_signal(text) if rt.wants_code_signal else None
         language = language_signal(text) if rt.wants_language_signal else None
         features = RequestFeatures(ctx.endpoint, body.model, ctx.tenant, ctx.tenant_class, body.stream, body.n,
                                    body.output_limit, ctx.prompt_tokens_estimate, code, language,
                                    tools=chat and bool(body.tools), json_schema=_wants_json(body),
-                                   logprobs=body.logprobs is not None and body.logprobs is not False)
+                                   logprobs=body.logprobs is not None and body.logprobs is not False,
+                                   predicted_gain=rt.classifier.predict_gain(text) if wants_gain else None)
         verdict = rt.classifier.classify(features, hint, tenant.allow_profile_hint)
         ctx.profile, ctx.profile_source, ctx.reasons = verdict.profile, verdict.source, verdict.reasons
         ctx.needs = verdict.needs

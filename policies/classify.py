@@ -31,6 +31,7 @@ class RequestFeatures:
     tools: bool = False            # the request carries tools
     json_schema: bool = False      # the request asks for structured output (response_format json)
     logprobs: bool = False         # the request asks for token logprobs
+    predicted_gain: float | None = None  # the gain model's prediction (bits per byte); None: no model
 
 
 @dataclass(slots=True)
@@ -135,6 +136,13 @@ class Classifier:
         self.needs_prompt_tokens = any(r.when.prompt_tokens is not None for r in config.rules)
         # Likewise the code detector (cheap, but not free on a long prompt).
         self.needs_code_signal = any(r.when.code is not None for r in config.rules)
+        self.gain_model = config.gain_model.model if config.gain_model is not None else None
+        self.gain_threshold = config.gain_model.threshold if config.gain_model is not None else None
+
+    def predict_gain(self, text: str) -> float | None:
+        """The learned router's predicted gain of the large tier for this prompt text, or None
+        when the config has no gain model."""
+        return None if self.gain_model is None else self.gain_model.predict(text)
 
     def needs_of(self, features: RequestFeatures) -> frozenset[str]:
         needs = []
@@ -142,6 +150,9 @@ class Classifier:
             needs.append("code")
         if features.language is not None:
             needs.append("non_english")
+        if (features.predicted_gain is not None and self.gain_threshold is not None
+                and features.predicted_gain >= self.gain_threshold):
+            needs.append("large_gain")
         if features.tools:
             needs.append("tools")
         if features.json_schema:
@@ -179,6 +190,7 @@ class Classifier:
 def _with_needs(reasons: list[str], needs: frozenset[str], features: RequestFeatures) -> list[str]:
     if not needs:
         return reasons
-    detail = {"code": features.code, "non_english": features.language}
+    detail = {"code": features.code, "non_english": features.language,
+              "large_gain": None if features.predicted_gain is None else f"predicted {features.predicted_gain:+.3f} bpb"}
     named = [f"{n} ({detail[n]})" if detail.get(n) else n for n in sorted(needs)]
     return [*reasons, "needs " + ", ".join(named)]

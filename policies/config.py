@@ -192,7 +192,8 @@ def _format_location(loc: tuple) -> str:
     return ".".join(str(p) for p in parts)
 
 
-def parse_config(text: str, source: str = "<config>") -> GatewayConfig:
+def parse_config(text: str, source: str = "<config>", base_dir: Path | None = None) -> GatewayConfig:
+    """`base_dir`: where relative file names in the config (a gain model's) are looked up."""
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -200,7 +201,7 @@ def parse_config(text: str, source: str = "<config>") -> GatewayConfig:
     if raw is not None and not isinstance(raw, dict):
         raise ConfigError(f"{source}: the top level must be a mapping")
     try:
-        return GatewayConfig.model_validate(raw or {})
+        return GatewayConfig.model_validate(raw or {}, context={"base_dir": base_dir})
     except ValidationError as exc:
         first = exc.errors()[0]
         where = _format_location(first["loc"])
@@ -218,4 +219,4 @@ def load_config(path: str | Path) -> GatewayConfig:
         raise ConfigError(f"{path}: file not found") from None
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read ({exc.strerror})") from None
-    return parse_config(text, str(path))
+    return parse_config(text, str(path), path.parent)

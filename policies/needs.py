@@ -14,7 +14,8 @@ from typing import Literal, get_args
 Capability = Literal["tools", "json_schema", "logprobs"]
 CAPABILITIES: frozenset[str] = frozenset(get_args(Capability))
 
-Need = Literal["code", "non_english", "long_context", "tools", "json_schema", "logprobs"]
+# large_gain: the learned router (policies/gain_model.py) predicts the large tier answers it better.
+Need = Literal["code", "non_english", "large_gain", "long_context", "tools", "json_schema", "logprobs"]
 NEEDS: tuple[str, ...] = get_args(Need)
 
 # What a tier kind can do when its config does not say: an upstream server is taken to accept

@@ -7,9 +7,12 @@ import os
 import re
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, field_validator, model_validator
 
 from policies.cascade import CascadeConfig
+from policies.gain_model import GainModel, GainModelError, load_gain_model, resolve_gain_model_path
 from policies.needs import Need
 
 Profile = Literal["latency", "throughput", "memory"]
@@ -139,12 +142,40 @@ class ClassifyRule(_Strict):
     when: ClassifyWhen
 
 
+class GainModelConfig(_Strict):
+    """A learned router: a model of how much better the large tier answers a prompt, read from
+    the prompt's text (policies/gain_model.py); at or above `threshold` the request needs
+    `large_gain`, which a routing rule can send to the large tier."""
+    file: str = Field(description="a bundled model's name (smollm2-qwen2.5-coder) or the path of one "
+                                  "(`tiergate bench routing-train` writes it), relative to the config file")
+    threshold: float = Field(description="predicted gain in bits per byte of the answer: at or above it a request "
+                                         "needs large_gain (the bundled model's file names the threshold that sent "
+                                         "30 % of its training prompts to large)")
+    _model: GainModel | None = PrivateAttr(None)
+
+    @model_validator(mode="after")
+    def _load(self, info: ValidationInfo) -> GainModelConfig:
+        base = (info.context or {}).get("base_dir")
+        try:
+            self._model = load_gain_model(resolve_gain_model_path(self.file, Path(base) if base else None))
+        except GainModelError as exc:
+            raise ValueError(str(exc)) from None
+        return self
+
+    @property
+    def model(self) -> GainModel:
+        assert self._model is not None
+        return self._model
+
+
 class ClassificationConfig(_Strict):
     default_profile: Profile = "throughput"
     honour_hint: bool = Field(True, description="accept x-tiergate-profile from tenants that allow it")
     rules: list[ClassifyRule] = Field([], description="first match wins")
     long_context_tokens: int = Field(4096, gt=0, description="a prompt of at least this many tokens needs "
                                                              "long_context (known when prompt tokens are counted)")
+    gain_model: GainModelConfig | None = Field(None, description="a learned router: requests it predicts the large "
+                                                                 "tier answers markedly better need large_gain")
 
 
 class RouteMatch(_Strict):
@@ -153,8 +184,8 @@ class RouteMatch(_Strict):
     model: str | list[str] | None = None
     profile: Profile | list[Profile] | None = None
     needs: Need | list[Need] | None = Field(None, description="every need listed must be among the request's "
-                                                              "(code, non_english, long_context, tools, json_schema, "
-                                                              "logprobs)")
+                                                              "(code, non_english, large_gain, long_context, tools, "
+                                                              "json_schema, logprobs)")
 
 
 _ESCALATE_REPLACED = ("'escalate' was replaced by 'cascade: {to: TIER, tokens: K, signal: mean_logprob|"

@@ -11,7 +11,7 @@ import numpy as np
 from bench.routing.cost import TierCost
 from bench.routing.probes import Probe
 from bench.routing.routers import (RoutingTable, evaluate, interpolate, large_only, oracle_curve, random_expected,
-                                   random_sampled_curve, share_key, small_only, threshold_sweep)
+                                   random_sampled_curve, score_curve, share_key, small_only, threshold_sweep)
 from bench.routing.scoring import ExchangeScore
 from bench.routing.signals import ProbeRecord, candidate_signals, judge_signal, probe_confidence
 from policies.cascade import CascadeSignal
@@ -28,6 +28,7 @@ class PromptMeasurement:
     large: ExchangeScore
     probe: Probe                # the small tier's first greedy tokens
     language_reason: str | None = None   # policies.language_signal.language_signal of the question
+    predicted_gain: float | None = None  # the learned router's prediction for the question (bits per byte)
 
 
 def routing_table(rows: list[PromptMeasurement], small_cost: TierCost, large_cost: TierCost) -> RoutingTable:
@@ -60,7 +61,11 @@ class RoutingEvaluation:
 
 
 def evaluate_routers(rows: list[PromptMeasurement], small_cost: TierCost, large_cost: TierCost, probe_tokens: int,
-                     signal: CascadeSignal, share: float = 0.30, seed: int = 0) -> RoutingEvaluation:
+                     signal: CascadeSignal, share: float = 0.30, seed: int = 0,
+                     gain_threshold: float | None = None) -> RoutingEvaluation:
+    """tiergate's router is the learned gain model when the rows carry its predictions (every
+    threshold swept; `gain_threshold`, the config's, also reported as the one point it gives),
+    else the hand-written rules (code, non-English) with the cascade behind them."""
     table = routing_table(rows, small_cost, large_cost)
     probes = probe_records(rows)
     is_code = np.array([r.code_reason is not None for r in rows])
@@ -70,8 +75,24 @@ def evaluate_routers(rows: list[PromptMeasurement], small_cost: TierCost, large_
     generated = np.array([min(probe_tokens, len(p.probe_logprobs)) for p in probes])
     wasted = small_cost.probe(prompt_tokens, generated)
     cascade_conf = probe_confidence(probes, signal, probe_tokens)
-    tiergate = threshold_sweep(table, cascade_conf, signal, forced, wasted)
+    rules_cascade = threshold_sweep(table, cascade_conf, signal, forced, wasted)
     cascade = threshold_sweep(table, cascade_conf, signal, wasted_cost=wasted)
+    rules_entry = _sweep_entry(table, rules_cascade, share, description=(
+        f"code and non-English prompts to large; the rest start on small and escalate when {signal} over the first "
+        f"{probe_tokens} greedy tokens falls short of the threshold"), signal=signal, tokens=probe_tokens,
+        min_share=rules_cascade[0].share)
+    learned = all(r.predicted_gain is not None for r in rows)
+    if learned:
+        predicted = np.array([r.predicted_gain for r in rows])
+        gain_sweep = score_curve(table, predicted)
+        tiergate_entry = _sweep_entry(table, gain_sweep, share, description=(
+            "the learned gain model (policies/gain_model.py): prompts whose predicted gain is at or above the "
+            "threshold go to large, from the text alone (no small-tier work wasted)"), signal="predicted_gain")
+        if gain_threshold is not None:
+            tiergate_entry["at_config_threshold"] = evaluate(table, predicted >= gain_threshold,
+                                                             threshold=gain_threshold).as_dict()
+    else:
+        tiergate_entry = rules_entry
     oracle = oracle_curve(table)
     sampled = random_sampled_curve(table, seed)
     routers = {
@@ -87,10 +108,8 @@ def evaluate_routers(rows: list[PromptMeasurement], small_cost: TierCost, large_
         },
         "code_signal": evaluate(table, is_code).as_dict(),
         "prompt_signals": evaluate(table, forced).as_dict(),
-        "tiergate": _sweep_entry(table, tiergate, share, description=(
-            f"code and non-English prompts to large; the rest start on small and escalate when {signal} over the first "
-            f"{probe_tokens} greedy tokens falls short of the threshold"), signal=signal, tokens=probe_tokens,
-            min_share=tiergate[0].share),
+        "tiergate": tiergate_entry,
+        "rules_and_cascade": rules_entry,
         "cascade_only": _sweep_entry(table, cascade, share, signal=signal, tokens=probe_tokens),
     }
     signals = {c.name: judge_signal(table, c, share, forced)

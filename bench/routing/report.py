@@ -27,7 +27,12 @@ def _frontier_figure(report: dict):
                 label=f"random (seed {routers['random']['sampled']['seed']})")
         ax.plot(*_xy(routers["cascade_only"]["sweep"], x), color="tab:orange", lw=1.3,
                 label=f"cascade only ({routers['cascade_only']['signal']}@{routers['cascade_only']['tokens']})")
-        ax.plot(*_xy(routers["tiergate"]["sweep"], x), color="tab:blue", lw=2, label="tiergate (code, non-English + cascade)")
+        tiergate_label = ("tiergate (learned gain model)" if routers["tiergate"].get("signal") == "predicted_gain"
+                          else "tiergate (code, non-English + cascade)")
+        ax.plot(*_xy(routers["tiergate"]["sweep"], x), color="tab:blue", lw=2, label=tiergate_label)
+        if "rules_and_cascade" in routers and routers["rules_and_cascade"] is not routers["tiergate"]:
+            ax.plot(*_xy(routers["rules_and_cascade"]["sweep"], x), color="tab:cyan", lw=1.2,
+                    label="code, non-English + cascade")
         for name, marker, color in (("small_only", "o", "tab:green"), ("large_only", "s", "tab:red"),
                                     ("code_signal", "D", "tab:purple"), ("prompt_signals", "P", "tab:brown")):
             ax.plot(*_xy([routers[name]], x), marker, color=color, ms=7, label=name.replace("_", " "))
@@ -93,6 +98,10 @@ def write_routing_report(report: dict, directory: str | Path) -> Path:
             [f"random {key} (expected)", routers["random"][key]],
             [f"random {key} (seeded draw)", routers["random"]["sampled"][key]],
             [f"tiergate {key}", routers["tiergate"][key]], [f"cascade only {key}", routers["cascade_only"][key]]]
+    if "rules_and_cascade" in routers:
+        rows.append([f"code, non-English + cascade {key}", routers["rules_and_cascade"][key]])
+    if "at_config_threshold" in routers["tiergate"]:
+        rows.append(["tiergate at the config's threshold", routers["tiergate"]["at_config_threshold"]])
     md.table(["router", "share to large", "mean bpb", "gap recovered", "CPU-ms / request"],
              [[name, p["share"], p["mean_bpb"], p["gap_recovered"], p["mean_cost"] * 1000] for name, p in rows])
     md.figure(_frontier_figure(report), "frontier",

@@ -101,6 +101,17 @@ def oracle_curve(table: RoutingTable) -> list[RouterPoint]:
     return _ranked_curve(table, np.argsort(-table.gain, kind="stable"))
 
 
+def score_curve(table: RoutingTable, scores: np.ndarray) -> list[RouterPoint]:
+    """A router that ranks prompts by a score (higher = more to gain from large) and sends the
+    top k to large, for every k: what any threshold on the score does, since a threshold
+    keeps exactly the prompts scored above it. Ties go in file order."""
+    points = _ranked_curve(table, np.argsort(-np.asarray(scores, dtype=float), kind="stable"))
+    ranked = np.sort(np.asarray(scores, dtype=float))[::-1]
+    # the threshold that sends the first k to large: the k-th score itself (>= threshold goes)
+    return [points[0], *(RouterPoint(p.share, p.mean_bpb, p.gap_recovered, p.mean_cost, float(t))
+                         for p, t in zip(points[1:], ranked))]
+
+
 def random_expected(table: RoutingTable, share: float) -> RouterPoint:
     """A router that flips a coin with P(large) = share: bpb = small + share * (large - small)
     in expectation, so it recovers exactly `share` of the gap."""

@@ -30,6 +30,7 @@ from bench.routing.speed import BatchSpeed, RequestTiming, SingleStreamTimer, be
 from bench.routing.workload import RoutingPrompt, WorkloadCaps, load_routing_prompts, slice_bounds
 from engines.loaded_model import load_model
 from policies.cascade import CascadeSignal
+from policies.gain_model import load_gain_model, resolve_gain_model_path
 from policies.language_signal import language_signal
 from policies.request_signals import code_signal
 
@@ -51,6 +52,7 @@ class RoutingOptions:
     speed_rounds: int = 2               # alternating small/large rounds; each tier's best is kept
     latency_prompts: int = 8
     latency_tokens: int = 24            # per single-stream request; at least K
+    gain_model: str | None = "smollm2-qwen2.5-coder"   # the learned router (bundled name or path); None: rules
 
 
 def _progress(console: Console) -> Progress:
@@ -146,12 +148,14 @@ def run_routing_bench(json_out: str, report_dir: str | None, options: RoutingOpt
     large_scores = _score_all(large, prompts, console, "large", prompt_logprobs=False)
     small_speed, large_speed, latency = _measure_speeds(small, large, prompts, options, console)
 
+    gain = load_gain_model(resolve_gain_model_path(options.gain_model)) if options.gain_model else None
     rows = [PromptMeasurement(p.prompt_id, p.record_index, code_signal(p.question), s, l, probe,
-                              language_signal(p.question))
+                              language_signal(p.question), gain.predict(p.question) if gain else None)
             for p, s, l, probe in zip(prompts, small_scores, large_scores, probes)]
     small_cost, large_cost = _tier_cost(small_speed, cores), _tier_cost(large_speed, cores)
+    threshold = gain.trained.get("threshold_at_share") if gain else None
     result = evaluate_routers(rows, small_cost, large_cost, options.probe_tokens, options.signal, options.share,
-                              options.seed)
+                              options.seed, threshold)
     report = build_report(options, prompts, rows, result, latency, small_speed, large_speed, cores)
     report["wall_s"] = time.perf_counter() - started
     write_json(json_out, report)
@@ -183,6 +187,7 @@ def build_report(options: RoutingOptions, prompts: list[RoutingPrompt], rows: li
             "code_prompts": sum(r.code_reason is not None for r in rows),
             "non_english_prompts": sum(r.language_reason is not None for r in rows),
             "probe_tokens": options.probe_tokens, "cascade_signal": options.signal,
+            "gain_model": options.gain_model,
             "quality": "bits per byte of the reference answer, teacher-forced, each model in its own chat "
                        "template; lower is better; `quality` fields are -bpb",
             "cost": f"CPU-seconds per request = {cores} cores * (prompt tokens / prefill tok/s + reference tokens / "
@@ -210,6 +215,7 @@ def _prompt_row(row: PromptMeasurement) -> dict:
             "small_bpb": s.bits_per_byte, "large_bpb": l.bits_per_byte, "reference_bytes": s.answer_bytes,
             "small_prompt_tokens": s.prompt_tokens, "large_prompt_tokens": l.prompt_tokens,
             "small_reference_tokens": s.answer_tokens, "large_reference_tokens": l.answer_tokens,
+            "predicted_gain": row.predicted_gain,
             "prompt_mean_logprob": s.prompt_mean_logprob, "probe_logprobs": list(row.probe.logprobs),
             "probe_entropies": list(row.probe.entropies)}
 
@@ -233,4 +239,5 @@ def _summary(report: dict) -> Table:
     row(f"random {key}", routers["random"][key])
     row(f"tiergate {key}", routers["tiergate"][key])
     row(f"cascade only {key}", routers["cascade_only"][key])
+    row(f"rules + cascade {key}", routers["rules_and_cascade"][key])
     return table

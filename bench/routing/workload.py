@@ -10,11 +10,13 @@ from typing import Literal
 from bench.datasets.sharegpt import (ROUTING_HELDOUT_START, ROUTING_TUNING_END, ROUTING_TUNING_START,
                                      _first_exchange, iter_sharegpt_records)
 
-RoutingSlice = Literal["heldout", "tuning"]
+RoutingSlice = Literal["heldout", "tuning", "training"]
 # (first record, end record or None); the held-out slice runs to the end of the file.
 SLICES: dict[str, tuple[int, int | None]] = {
     "heldout": (ROUTING_HELDOUT_START, None),
     "tuning": (ROUTING_TUNING_START, ROUTING_TUNING_END),
+    # a learned router's labels: every record before the held-out slice
+    "training": (0, ROUTING_HELDOUT_START),
 }
 
 

@@ -17,7 +17,7 @@ def test_bench_routing_end_to_end_with_one_model_as_both_tiers(tmp_path):
     out, report_dir = tmp_path / "routing.json", tmp_path / "report"
     rc = main(["bench", "routing", "--json", str(out), "--report", str(report_dir), "--num-prompts", "4",
                "--small", "default", "--large", "default", "--probe-tokens", "4", "--speed-batch", "2",
-               "--speed-decode-tokens", "2", "--latency-prompts", "1", "--latency-tokens", "4",
+               "--speed-decode-tokens", "2", "--latency-prompts", "1", "--latency-tokens", "4", "--gain-model", "none",
                "--max-reference-tokens", "32"])
     assert rc == 0
     report = json.loads(out.read_text())
@@ -43,3 +43,42 @@ def test_bench_routing_rejects_more_prompts_than_the_slice_holds(tmp_path, capsy
                "--large", "default"])
     assert rc == 2
     assert "usable prompts" in capsys.readouterr().err
+
+
+def test_labels_resume_then_train_then_judge_the_learned_router(tmp_path):
+    """routing-labels scores training prompts on both tiers and continues an interrupted file
+    without rescoring; routing-train fits a gain model on them; bench routing judges it."""
+    labels, model = tmp_path / "labels.jsonl", tmp_path / "gain.json"
+    common = ["--small", "default", "--large", "default", "--max-reference-tokens", "16"]
+    assert main(["bench", "routing-labels", "--out", str(labels), "--num-prompts", "20", *common]) == 0
+    first = labels.read_text().splitlines()
+    assert len(first) == 20
+    labels.write_text("\n".join(first[:12]) + "\n" + first[12][:25])     # a run cut off mid-line
+    assert main(["bench", "routing-labels", "--out", str(labels), "--num-prompts", "30", *common]) == 0
+    rows = [json.loads(line) for line in labels.read_text().splitlines() if line.endswith("}")]
+    assert [r["id"] for r in rows[:12]] == [json.loads(line)["id"] for line in first[:12]]
+    assert len({r["id"] for r in rows}) == 30 and all(r["record"] < 15_000 for r in rows)
+    assert all(r["small_bpb"] == pytest.approx(r["large_bpb"]) for r in rows)   # one model as both tiers
+
+    assert main(["bench", "routing-train", "--labels", str(labels), "--out", str(model), "--folds", "3"]) == 0
+    fitted = json.loads(model.read_text())
+    assert fitted["format"] == "tiergate-gain-model" and fitted["trained"]["labels"] == 30
+
+    out = tmp_path / "routing.json"
+    rc = main(["bench", "routing", "--json", str(out), "--num-prompts", "3", "--small", "default", "--large",
+               "default", "--probe-tokens", "2", "--speed-batch", "2", "--speed-decode-tokens", "2",
+               "--latency-prompts", "1", "--latency-tokens", "2", "--max-reference-tokens", "16",
+               "--gain-model", str(model)])
+    assert rc == 0
+    report = json.loads(out.read_text())
+    assert report["routers"]["tiergate"]["signal"] == "predicted_gain"
+    assert all(isinstance(p["predicted_gain"], float) for p in report["per_prompt"])
+    assert "rules_and_cascade" in report["routers"]
+
+
+def test_routing_train_refuses_a_file_with_too_few_labels(tmp_path, capsys):
+    labels = tmp_path / "labels.jsonl"
+    labels.write_text("")
+    rc = main(["bench", "routing-train", "--labels", str(labels), "--out", str(tmp_path / "m.json")])
+    assert rc == 2
+    assert "too few" in capsys.readouterr().err

@@ -10,6 +10,7 @@ import asyncio
 import random
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -192,3 +193,22 @@ async def test_an_engine_with_its_own_thread_count_keeps_outputs_and_leaves_othe
         async_engine.shutdown()
     with pytest.raises(ValueError, match="threads"):
         AsyncEngine(_engine(tiny), threads=0)
+
+
+def test_the_thread_count_is_set_on_torchs_own_openmp_runtime_when_other_wheels_map_theirs():
+    """scikit-learn's wheel maps a vendored libgomp of its own; its team size is not torch's."""
+    import sklearn.linear_model  # noqa: F401 - maps scikit_learn.libs/libgomp-*.so into the process
+
+    from engines.thread_count import _openmp_runtime, _torch_first, set_thread_count
+    _openmp_runtime.cache_clear()        # found afresh, with both runtimes mapped
+    torch_dir = str(Path(torch.__file__).resolve().parent)
+    other = "/site-packages/scikit_learn.libs/libgomp-e985bcbb.so.1.0.0"
+    assert _torch_first([other, torch_dir + "/lib/libgomp.so.1"]) == [torch_dir + "/lib/libgomp.so.1", other]
+    done: list[int] = []
+
+    def run() -> None:
+        done.append(set_thread_count(1))
+    worker = threading.Thread(target=run)
+    worker.start()
+    worker.join()
+    assert done == [1]

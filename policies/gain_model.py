@@ -1,0 +1,81 @@
+"""A learned router's model: how much better (in bits per byte of a reference answer) the large
+tier is predicted to answer a prompt than the small one, from the prompt's text alone.
+
+A linear model over policies.prompt_features (scaled to unit length), fitted by `tiergate bench routing-train` on
+prompts scored on both tiers (RouteLLM's way: learn from per-prompt outcomes). It is a JSON
+file of named weights, so it is read without running anything from it, and a prediction is a
+few dictionary lookups. The file names the tiers it was fitted for and the feature version;
+a file of another version is refused rather than read with features that mean something else.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from policies.prompt_features import FEATURES_VERSION, prompt_vector
+
+BUNDLED_DIR = Path(__file__).parent / "gain_models"
+FORMAT = "tiergate-gain-model"
+
+
+class GainModelError(ValueError):
+    """The file is not a gain model this version can use (one-line reason)."""
+
+
+@dataclass(frozen=True)
+class GainModel:
+    bias: float
+    weights: dict[str, float]
+    small: str = ""
+    large: str = ""
+    trained: dict = field(default_factory=dict)   # what it was fitted on (labels, penalty, CV figures)
+
+    def predict(self, text: str) -> float:
+        weights = self.weights
+        return self.bias + sum(weights.get(name, 0.0) * value for name, value in prompt_vector(text).items())
+
+    def to_json(self) -> dict:
+        return {"format": FORMAT, "features_version": FEATURES_VERSION, "small": self.small, "large": self.large,
+                "bias": self.bias, "trained": self.trained,
+                "weights": dict(sorted(self.weights.items(), key=lambda kv: -abs(kv[1])))}
+
+    @classmethod
+    def from_json(cls, data) -> GainModel:
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            raise GainModelError(f"not a gain model (format is not {FORMAT!r})")
+        if data.get("features_version") != FEATURES_VERSION:
+            raise GainModelError(f"fitted on features version {data.get('features_version')!r}; this tiergate "
+                                 f"computes version {FEATURES_VERSION}: fit it again")
+        weights = data.get("weights")
+        bias = data.get("bias")
+        if not isinstance(weights, dict) or not _finite(bias) or not all(
+                isinstance(k, str) and _finite(v) for k, v in weights.items()):
+            raise GainModelError("a gain model needs a finite bias and a map of feature names to finite weights")
+        return cls(float(bias), {k: float(v) for k, v in weights.items()}, str(data.get("small", "")),
+                   str(data.get("large", "")), dict(data.get("trained") or {}))
+
+
+def _finite(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def resolve_gain_model_path(name: str, base_dir: Path | None = None) -> Path:
+    """A bare name ("smollm2-qwen2.5-coder") is a model bundled with tiergate; anything else is a
+    path, relative to `base_dir` (the config file's folder) when not absolute."""
+    if "/" not in name and not name.endswith(".json"):
+        return BUNDLED_DIR / f"{name}.json"
+    path = Path(name).expanduser()
+    return path if path.is_absolute() or base_dir is None else base_dir / path
+
+
+def load_gain_model(path: Path) -> GainModel:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise GainModelError(f"no gain model at {path}") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise GainModelError(f"cannot read {path}: {exc}") from None
+    return GainModel.from_json(data)

@@ -1,0 +1,139 @@
+"""The learned router on the serving side: prompt features, the gain model file (refused when it
+is not one this version can read), the config that loads it, and the need it adds."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from policies.classify import Classifier, RequestFeatures
+from policies.config import ConfigError, load_config, parse_config
+from policies.gain_model import (BUNDLED_DIR, FORMAT, GainModel, GainModelError, load_gain_model,
+                                 resolve_gain_model_path)
+from policies.prompt_features import FEATURES_VERSION, MAX_WORDS, prompt_features, prompt_vector
+from policies.route import Router
+
+
+def _model_json(weights: dict, bias: float = 0.0, **extra) -> dict:
+    return {"format": FORMAT, "features_version": FEATURES_VERSION, "bias": bias, "weights": weights, **extra}
+
+
+def test_features_name_words_openings_lengths_and_detector_verdicts():
+    f = prompt_features("Write a Python function that reverses a list, please?")
+    assert f["open0:write"] == 1.0 and f["open1:a"] == 1.0
+    assert f["w:python"] == f["w:reverses"] == 1.0
+    assert f["question_mark"] == 1.0 and f["code_signal"] == 1.0
+    assert "non_english_signal" not in f
+    assert sum(1 for k in f if k.startswith("chars:")) == 1
+    es = prompt_features("¿Cuál es la capital de Francia y por qué es tan famosa en el mundo?")
+    assert es["non_english_signal"] == 1.0 and "code_signal" not in es
+
+
+def test_features_are_bounded_on_a_huge_prompt():
+    text = " ".join(f"word{i}" for i in range(100_000))
+    f = prompt_features(text)
+    assert sum(1 for k in f if k.startswith("w:")) == MAX_WORDS
+
+
+def test_prediction_is_bias_plus_the_weights_of_present_features():
+    model = GainModel.from_json(_model_json({"w:python": 0.25, "open0:write": -0.05, "w:absent": 9.0}, bias=0.01))
+    # the vector is scaled to unit length: each of the prompt's n features counts 1/sqrt(n)
+    n = len(prompt_features("write python"))
+    assert model.predict("write python") == pytest.approx(0.01 + (0.25 - 0.05) / math.sqrt(n))
+    assert model.predict("hello there") == pytest.approx(0.01)
+    assert math.fsum(v * v for v in prompt_vector("write python").values()) == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("data, why", [
+    ({"format": "other"}, "not a gain model"),
+    (_model_json({}) | {"features_version": FEATURES_VERSION + 1}, "fit it again"),
+    (_model_json({"w:x": float("nan")}), "finite"),
+    (_model_json({"w:x": 1.0}, bias="0"), "finite"),
+    (_model_json({"w:x": True}), "finite"),
+    ([1, 2], "not a gain model"),
+])
+def test_a_file_that_is_not_a_usable_gain_model_is_refused_with_a_reason(data, why):
+    with pytest.raises(GainModelError, match=why):
+        GainModel.from_json(data)
+
+
+def test_round_trip_through_json_keeps_every_weight(tmp_path):
+    model = GainModel(0.02, {"w:a": 0.1, "w:b": -0.3}, "s", "l", {"labels": 10})
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps(model.to_json()))
+    assert load_gain_model(path) == model
+
+
+def test_names_resolve_to_bundled_files_and_paths_to_the_config_folder(tmp_path):
+    assert resolve_gain_model_path("smollm2-qwen2.5-coder") == BUNDLED_DIR / "smollm2-qwen2.5-coder.json"
+    assert resolve_gain_model_path("models/m.json", tmp_path) == tmp_path / "models" / "m.json"
+    assert resolve_gain_model_path("/abs/m.json", tmp_path).as_posix() == "/abs/m.json"
+
+
+CONFIG = """
+tiers:
+  small: {}
+  large: {}
+models:
+  auto: {chain: [small, large]}
+classification:
+  gain_model: {file: GAIN, threshold: 0.05}
+routing:
+  rules:
+    - {name: gain, match: {needs: [large_gain]}, chain: [large, small]}
+"""
+
+
+def _features(gain: float | None) -> RequestFeatures:
+    return RequestFeatures("chat", "auto", "t", "standard", False, predicted_gain=gain)
+
+
+def test_the_config_loads_the_model_beside_it_and_routes_predicted_gains_to_large(tmp_path):
+    (tmp_path / "gain.json").write_text(json.dumps(_model_json({"w:python": 0.3})))
+    cfg_path = tmp_path / "cfg.yaml"
+    cfg_path.write_text(CONFIG.replace("GAIN", "gain.json"))
+    cfg = load_config(cfg_path)
+    classifier, router = Classifier(cfg.classification), Router(cfg.models, cfg.routing.rules)
+    gain = classifier.predict_gain("fix my python loop")
+    assert gain == pytest.approx(0.3 / math.sqrt(len(prompt_features("fix my python loop"))))
+    verdict = classifier.classify(_features(gain))
+    assert "large_gain" in verdict.needs
+    assert any(f"large_gain (predicted {gain:+.3f} bpb)" in r for r in verdict.reasons)
+    assert router.route("t", "standard", "auto", verdict.profile, verdict.needs).chain == ("large", "small")
+    below = classifier.classify(_features(classifier.predict_gain("tell me a story")))
+    assert "large_gain" not in below.needs
+    assert router.route("t", "standard", "auto", below.profile, below.needs).chain == ("small", "large")
+
+
+def test_without_a_gain_model_nothing_is_predicted():
+    classifier = Classifier(parse_config("tiers: {a: {}}\n").classification)
+    assert classifier.gain_model is None and classifier.predict_gain("anything") is None
+    assert "large_gain" not in classifier.classify(_features(None)).needs
+
+
+def test_a_missing_or_broken_gain_model_fails_the_config_with_its_field(tmp_path):
+    cfg_path = tmp_path / "cfg.yaml"
+    cfg_path.write_text(CONFIG.replace("GAIN", "missing.json"))
+    with pytest.raises(ConfigError, match=r"classification\.gain_model: no gain model at .*missing\.json"):
+        load_config(cfg_path)
+    (tmp_path / "bad.json").write_text("{not json")
+    cfg_path.write_text(CONFIG.replace("GAIN", "bad.json"))
+    with pytest.raises(ConfigError, match=r"classification\.gain_model: cannot read"):
+        load_config(cfg_path)
+
+
+def test_the_default_config_sends_code_and_other_languages_to_large_and_stories_to_small():
+    """What the bundled model learned from both tiers' scores: the coder model's domains (code,
+    languages other than English) above the default's threshold, creative writing below it."""
+    root = BUNDLED_DIR.parents[1]
+    cfg = load_config(root / "config" / "default.yaml")
+    classifier, router = Classifier(cfg.classification), Router(cfg.models, cfg.routing.rules)
+    assert classifier.gain_model.trained["labels"] >= 1000
+    for text, tier in [("How do I configure nginx as a reverse proxy for a nodejs app?", "large"),
+                       ("Write a Python function that parses a CSV file and returns a list of dicts.", "large"),
+                       ("¿Cuál es la mejor manera de aprender a programar?", "large"),
+                       ("Write a short story about a dragon who learns to dance.", "small")]:
+        verdict = classifier.classify(_features(classifier.predict_gain(text)))
+        assert router.route("local", "interactive", "auto", verdict.profile, verdict.needs).chain[0] == tier, text
