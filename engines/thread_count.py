@@ -22,7 +22,8 @@ _RUNTIMES = ("libgomp", "libiomp5", "libomp")
 def _torch_first(paths: list[str]) -> list[str]:
     """Torch's own runtime before any other: other wheels (scikit-learn, ...) map a vendored copy
     of libgomp of their own, and setting that one's team size does nothing to torch's ops."""
-    homes = (str(Path(torch.__file__).resolve().parent), str(Path(torch.__file__).resolve().parent) + ".libs")
+    home = str(Path(torch.__file__).resolve().parent)
+    homes = (home + "/", home + ".libs/")
     return sorted(paths, key=lambda p: not p.startswith(homes))
 
 

@@ -161,13 +161,14 @@ class Pipeline:
         chat = isinstance(body, ChatCompletionRequest)
         wants_gain = rt.classifier.gain_model is not None
         text = _prompt_text(body) if rt.wants_code_signal or rt.wants_language_signal or wants_gain else ""
-        code = code_signal(text) if rt.wants_code_signal else None
+        # one run of the code detector serves the rules and the gain model (one of its features)
+        code = code_signal(text) if rt.wants_code_signal or wants_gain else None
         language = language_signal(text) if rt.wants_language_signal else None
         features = RequestFeatures(ctx.endpoint, body.model, ctx.tenant, ctx.tenant_class, body.stream, body.n,
                                    body.output_limit, ctx.prompt_tokens_estimate, code, language,
                                    tools=chat and bool(body.tools), json_schema=_wants_json(body),
                                    logprobs=body.logprobs is not None and body.logprobs is not False,
-                                   predicted_gain=rt.classifier.predict_gain(text) if wants_gain else None)
+                                   predicted_gain=rt.classifier.predict_gain(text, code) if wants_gain else None)
         verdict = rt.classifier.classify(features, hint, tenant.allow_profile_hint)
         ctx.profile, ctx.profile_source, ctx.reasons = verdict.profile, verdict.source, verdict.reasons
         ctx.needs = verdict.needs

@@ -139,10 +139,10 @@ class Classifier:
         self.gain_model = config.gain_model.model if config.gain_model is not None else None
         self.gain_threshold = config.gain_model.threshold if config.gain_model is not None else None
 
-    def predict_gain(self, text: str) -> float | None:
-        """The learned router's predicted gain of the large tier for this prompt text, or None
-        when the config has no gain model."""
-        return None if self.gain_model is None else self.gain_model.predict(text)
+    def predict_gain(self, text: str, code: str | None) -> float | None:
+        """The learned router's predicted gain of the large tier for this prompt text (`code`: its
+        code_signal verdict), or None when the config has no gain model."""
+        return None if self.gain_model is None else self.gain_model.predict(text, code)
 
     def needs_of(self, features: RequestFeatures) -> frozenset[str]:
         needs = []

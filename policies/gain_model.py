@@ -33,9 +33,10 @@ class GainModel:
     large: str = ""
     trained: dict = field(default_factory=dict)   # what it was fitted on (labels, penalty, CV figures)
 
-    def predict(self, text: str) -> float:
+    def predict(self, text: str, code: str | None) -> float:
+        """`code`: request_signals.code_signal of `text` (a feature; the caller has it)."""
         weights = self.weights
-        return self.bias + sum(weights.get(name, 0.0) * value for name, value in prompt_vector(text).items())
+        return self.bias + sum(weights.get(name, 0.0) * value for name, value in prompt_vector(text, code).items())
 
     def to_json(self) -> dict:
         return {"format": FORMAT, "features_version": FEATURES_VERSION, "small": self.small, "large": self.large,

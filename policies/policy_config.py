@@ -5,9 +5,8 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-from typing import Literal
-
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, field_validator, model_validator
 

@@ -19,7 +19,6 @@ import math
 import re
 
 from policies.language_signal import language_signal
-from policies.request_signals import code_signal
 
 # Raising this changes what every feature means: a model file names the version it was fitted on.
 FEATURES_VERSION = 1
@@ -37,17 +36,18 @@ def _bucket(value: int) -> int:
     return 0 if value <= 0 else int(math.log2(value)) + 1
 
 
-def prompt_vector(text: str) -> dict[str, float]:
+def prompt_vector(text: str, code: str | None) -> dict[str, float]:
     """prompt_features scaled to unit length: a long prompt's hundreds of words then weigh as
     much in all as a short prompt's few (what a linear model reads, at training and serving)."""
-    features = prompt_features(text)
+    features = prompt_features(text, code)
     norm = math.sqrt(sum(v * v for v in features.values()))
     return {name: v / norm for name, v in features.items()} if norm else features
 
 
-def prompt_features(text: str) -> dict[str, float]:
+def prompt_features(text: str, code: str | None) -> dict[str, float]:
     """The prompt's features by name. `text` is the user's prompt as the detectors see it
-    (request_signals.prompt_window of the messages' text)."""
+    (request_signals.prompt_window of the messages' text); `code` is request_signals.code_signal
+    of it, which the caller has (the gateway runs the detector once for rules and model alike)."""
     words = _WORD.findall(text, 0, WORDS_WINDOW_CHARS)
     out: dict[str, float] = {}
     for i, word in enumerate(words[:OPENING_WORDS]):
@@ -65,7 +65,7 @@ def prompt_features(text: str) -> dict[str, float]:
         out[f"non_ascii:{min(10, int(10 * outside / letters))}"] = 1.0
     if "?" in text:
         out["question_mark"] = 1.0
-    if code_signal(text) is not None:
+    if code is not None:
         out["code_signal"] = 1.0
     if language_signal(text[:LANGUAGE_WINDOW_CHARS]) is not None:
         out["non_english_signal"] = 1.0

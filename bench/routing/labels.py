@@ -18,7 +18,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from bench.routing.scoring import encode_exchange, score_exchange
+from bench.routing.scoring import score_question
 from bench.routing.workload import RoutingSlice, WorkloadCaps, load_routing_prompts
 from engines.loaded_model import load_model
 
@@ -89,11 +89,6 @@ def _drop_cut_line(path: Path) -> None:
         path.write_bytes(data[:data.rfind(b"\n") + 1])
 
 
-def _score(loaded, question: str, reference: str):
-    prompt_ids, answer_ids = encode_exchange(loaded, question, reference)
-    return score_exchange(loaded.model, prompt_ids, answer_ids, len(reference.encode("utf-8")))
-
-
 def collect_labels(out: str | Path, options: LabelOptions) -> int:
     console = Console(stderr=True)
     out = Path(out)
@@ -113,8 +108,8 @@ def collect_labels(out: str | Path, options: LabelOptions) -> int:
     with out.open("a", encoding="utf-8") as sink, Progress(*columns, console=console) as bar:
         task = bar.add_task("both tiers: bits per byte", total=len(todo))
         for prompt in todo:
-            s = _score(small, prompt.question, prompt.reference)
-            lg = _score(large, prompt.question, prompt.reference)
+            s = score_question(small, prompt.question, prompt.reference)
+            lg = score_question(large, prompt.question, prompt.reference)
             label = PromptLabel(prompt.prompt_id, prompt.record_index, s.bits_per_byte, lg.bits_per_byte,
                                 s.answer_bytes, s.prompt_tokens, lg.prompt_tokens, s.answer_tokens, lg.answer_tokens)
             sink.write(label.as_json() + "\n")

@@ -30,7 +30,7 @@ def _frontier_figure(report: dict):
         tiergate_label = ("tiergate (learned gain model)" if routers["tiergate"].get("signal") == "predicted_gain"
                           else "tiergate (code, non-English + cascade)")
         ax.plot(*_xy(routers["tiergate"]["sweep"], x), color="tab:blue", lw=2, label=tiergate_label)
-        if "rules_and_cascade" in routers and routers["rules_and_cascade"] is not routers["tiergate"]:
+        if "rules_and_cascade" in routers and routers["tiergate"].get("signal") == "predicted_gain":
             ax.plot(*_xy(routers["rules_and_cascade"]["sweep"], x), color="tab:cyan", lw=1.2,
                     label="code, non-English + cascade")
         for name, marker, color in (("small_only", "o", "tab:green"), ("large_only", "s", "tab:red"),

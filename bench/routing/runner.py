@@ -24,7 +24,7 @@ from bench.routing.cost import TierCost
 from bench.routing.evaluation import PromptMeasurement, RoutingEvaluation, evaluate_routers
 from bench.routing.latency import cascade_latency
 from bench.routing.probes import Probe, probe_first_tokens
-from bench.routing.scoring import ExchangeScore, encode_exchange, score_exchange
+from bench.routing.scoring import ExchangeScore, encode_exchange, score_question
 from bench.routing.signals import CANDIDATE_KS
 from bench.routing.speed import BatchSpeed, RequestTiming, SingleStreamTimer, best_round, measure_batch
 from bench.routing.workload import RoutingPrompt, WorkloadCaps, load_routing_prompts, slice_bounds
@@ -66,9 +66,7 @@ def _score_all(loaded, prompts: list[RoutingPrompt], console: Console, label: st
     with _progress(console) as bar:
         task = bar.add_task(f"{label}: bits per byte", total=len(prompts))
         for prompt in prompts:
-            prompt_ids, answer_ids = encode_exchange(loaded, prompt.question, prompt.reference)
-            scores.append(score_exchange(loaded.model, prompt_ids, answer_ids, len(prompt.reference.encode("utf-8")),
-                                         prompt_logprobs=prompt_logprobs))
+            scores.append(score_question(loaded, prompt.question, prompt.reference, prompt_logprobs=prompt_logprobs))
             bar.advance(task)
     return scores
 
@@ -149,9 +147,10 @@ def run_routing_bench(json_out: str, report_dir: str | None, options: RoutingOpt
     small_speed, large_speed, latency = _measure_speeds(small, large, prompts, options, console)
 
     gain = load_gain_model(resolve_gain_model_path(options.gain_model)) if options.gain_model else None
-    rows = [PromptMeasurement(p.prompt_id, p.record_index, code_signal(p.question), s, l, probe,
-                              language_signal(p.question), gain.predict(p.question) if gain else None)
-            for p, s, l, probe in zip(prompts, small_scores, large_scores, probes)]
+    codes = [code_signal(p.question) for p in prompts]
+    rows = [PromptMeasurement(p.prompt_id, p.record_index, code, s, l, probe, language_signal(p.question),
+                              gain.predict(p.question, code) if gain else None)
+            for p, code, s, l, probe in zip(prompts, codes, small_scores, large_scores, probes)]
     small_cost, large_cost = _tier_cost(small_speed, cores), _tier_cost(large_speed, cores)
     threshold = gain.trained.get("threshold_at_share") if gain else None
     result = evaluate_routers(rows, small_cost, large_cost, options.probe_tokens, options.signal, options.share,

@@ -41,6 +41,13 @@ def encode_exchange(loaded, question: str, reference: str) -> tuple[list[int], l
     return loaded.tokenizer.encode(prompt), loaded.tokenizer.encode(reference, add_special_tokens=False)
 
 
+def score_question(loaded, question: str, reference: str, *, prompt_logprobs: bool = False) -> ExchangeScore:
+    """The reference's bits per byte after the question, in the loaded model's own template."""
+    prompt_ids, answer_ids = encode_exchange(loaded, question, reference)
+    return score_exchange(loaded.model, prompt_ids, answer_ids, len(reference.encode("utf-8")),
+                          prompt_logprobs=prompt_logprobs)
+
+
 @torch.inference_mode()
 def score_exchange(model, prompt_ids: list[int], answer_ids: list[int], answer_bytes: int, *,
                    prompt_logprobs: bool = False) -> ExchangeScore:

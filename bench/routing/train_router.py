@@ -5,13 +5,14 @@ The model is ridge regression of each prompt's gain (small-tier minus large-tier
 of its reference) on policies.prompt_features, each prompt's vector scaled to unit length. Its
 penalty is chosen by K-fold cross-validation on the training labels alone, judged the way the
 routing benchmark judges a router: the quality gap recovered at a share of calls to large when
-the prompts are ranked by predicted gain. The held-out slice is never read here. The threshold written beside the model is the predicted gain
-above which `share` of the training prompts fall (out-of-fold predictions, which spread as the
-predictions on unseen prompts do).
+the prompts are ranked by predicted gain. The held-out slice is never read here. The threshold
+written beside the model is the predicted gain above which `share` of the training prompts fall
+(out-of-fold predictions, which spread as the predictions on unseen prompts do).
 """
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import asdict, dataclass
 
@@ -27,6 +28,7 @@ from bench.routing.routers import RoutingTable, interpolate, score_curve
 from bench.routing.workload import WorkloadError
 from policies.gain_model import GainModel
 from policies.prompt_features import FEATURES_VERSION, prompt_vector
+from policies.request_signals import code_signal
 
 
 @dataclass(frozen=True)
@@ -64,7 +66,7 @@ class FeatureMatrix:
 def featurise(texts: list[str], min_prompts: int, names: list[str] | None = None) -> FeatureMatrix:
     """Rows of prompt_vector; columns are the features seen in at least `min_prompts` texts
     (or exactly `names`, to featurise new texts for a fitted model)."""
-    rows = [prompt_vector(t) for t in texts]
+    rows = [prompt_vector(t, code_signal(t)) for t in texts]
     if names is None:
         counts: dict[str, int] = {}
         for row in rows:
@@ -139,7 +141,6 @@ def fit_gain_model(texts: list[str], labels: list[PromptLabel], options: TrainOp
 
 
 def run_train(labels_path: str, out_path: str, options: TrainOptions) -> int:
-    import json
     console = Console(stderr=True)
     started = time.perf_counter()
     labels = read_labels(labels_path)

@@ -13,6 +13,7 @@ from policies.config import ConfigError, load_config, parse_config
 from policies.gain_model import (BUNDLED_DIR, FORMAT, GainModel, GainModelError, load_gain_model,
                                  resolve_gain_model_path)
 from policies.prompt_features import FEATURES_VERSION, MAX_WORDS, prompt_features, prompt_vector
+from policies.request_signals import code_signal
 from policies.route import Router
 
 
@@ -21,29 +22,31 @@ def _model_json(weights: dict, bias: float = 0.0, **extra) -> dict:
 
 
 def test_features_name_words_openings_lengths_and_detector_verdicts():
-    f = prompt_features("Write a Python function that reverses a list, please?")
+    text = "Write a Python function that reverses a list, please?"
+    f = prompt_features(text, code_signal(text))
     assert f["open0:write"] == 1.0 and f["open1:a"] == 1.0
     assert f["w:python"] == f["w:reverses"] == 1.0
     assert f["question_mark"] == 1.0 and f["code_signal"] == 1.0
     assert "non_english_signal" not in f
     assert sum(1 for k in f if k.startswith("chars:")) == 1
-    es = prompt_features("¿Cuál es la capital de Francia y por qué es tan famosa en el mundo?")
+    spanish = "¿Cuál es la capital de Francia y por qué es tan famosa en el mundo?"
+    es = prompt_features(spanish, code_signal(spanish))
     assert es["non_english_signal"] == 1.0 and "code_signal" not in es
 
 
 def test_features_are_bounded_on_a_huge_prompt():
     text = " ".join(f"word{i}" for i in range(100_000))
-    f = prompt_features(text)
+    f = prompt_features(text, code_signal(text))
     assert sum(1 for k in f if k.startswith("w:")) == MAX_WORDS
 
 
 def test_prediction_is_bias_plus_the_weights_of_present_features():
     model = GainModel.from_json(_model_json({"w:python": 0.25, "open0:write": -0.05, "w:absent": 9.0}, bias=0.01))
     # the vector is scaled to unit length: each of the prompt's n features counts 1/sqrt(n)
-    n = len(prompt_features("write python"))
-    assert model.predict("write python") == pytest.approx(0.01 + (0.25 - 0.05) / math.sqrt(n))
-    assert model.predict("hello there") == pytest.approx(0.01)
-    assert math.fsum(v * v for v in prompt_vector("write python").values()) == pytest.approx(1.0)
+    n = len(prompt_features("write python", None))
+    assert model.predict("write python", None) == pytest.approx(0.01 + (0.25 - 0.05) / math.sqrt(n))
+    assert model.predict("hello there", None) == pytest.approx(0.01)
+    assert math.fsum(v * v for v in prompt_vector("write python", None).values()) == pytest.approx(1.0)
 
 
 @pytest.mark.parametrize("data, why", [
@@ -96,20 +99,20 @@ def test_the_config_loads_the_model_beside_it_and_routes_predicted_gains_to_larg
     cfg_path.write_text(CONFIG.replace("GAIN", "gain.json"))
     cfg = load_config(cfg_path)
     classifier, router = Classifier(cfg.classification), Router(cfg.models, cfg.routing.rules)
-    gain = classifier.predict_gain("fix my python loop")
-    assert gain == pytest.approx(0.3 / math.sqrt(len(prompt_features("fix my python loop"))))
+    gain = classifier.predict_gain("fix my python loop", None)
+    assert gain == pytest.approx(0.3 / math.sqrt(len(prompt_features("fix my python loop", None))))
     verdict = classifier.classify(_features(gain))
     assert "large_gain" in verdict.needs
     assert any(f"large_gain (predicted {gain:+.3f} bpb)" in r for r in verdict.reasons)
     assert router.route("t", "standard", "auto", verdict.profile, verdict.needs).chain == ("large", "small")
-    below = classifier.classify(_features(classifier.predict_gain("tell me a story")))
+    below = classifier.classify(_features(classifier.predict_gain("tell me a story", None)))
     assert "large_gain" not in below.needs
     assert router.route("t", "standard", "auto", below.profile, below.needs).chain == ("small", "large")
 
 
 def test_without_a_gain_model_nothing_is_predicted():
     classifier = Classifier(parse_config("tiers: {a: {}}\n").classification)
-    assert classifier.gain_model is None and classifier.predict_gain("anything") is None
+    assert classifier.gain_model is None and classifier.predict_gain("anything", None) is None
     assert "large_gain" not in classifier.classify(_features(None)).needs
 
 
@@ -135,5 +138,5 @@ def test_the_default_config_sends_code_and_other_languages_to_large_and_stories_
                        ("Write a Python function that parses a CSV file and returns a list of dicts.", "large"),
                        ("¿Cuál es la mejor manera de aprender a programar?", "large"),
                        ("Write a short story about a dragon who learns to dance.", "small")]:
-        verdict = classifier.classify(_features(classifier.predict_gain(text)))
+        verdict = classifier.classify(_features(classifier.predict_gain(text, code_signal(text))))
         assert router.route("local", "interactive", "auto", verdict.profile, verdict.needs).chain[0] == tier, text

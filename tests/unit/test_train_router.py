@@ -12,6 +12,7 @@ from bench.routing.labels import PromptLabel, read_labels
 from bench.routing.routers import RoutingTable, score_curve
 from bench.routing.train_router import TrainOptions, fit_gain_model
 from policies.gain_model import GainModel
+from policies.request_signals import code_signal
 
 
 def _label(i: int, small: float, large: float) -> PromptLabel:
@@ -44,7 +45,7 @@ def test_the_fitted_model_finds_the_word_that_predicts_the_gain_and_its_threshol
     cv = summary["cv_gap_recovered"]
     assert cv["best"] > 0.9 and cv["random"] == pytest.approx(0.3) and cv["oracle"] >= cv["best"]
     assert summary["alpha"] in (0.3, 3.0) and summary["labels"] == len(labels)
-    predicted = np.array([model.predict(t) for t in texts])
+    predicted = np.array([model.predict(t, code_signal(t)) for t in texts])
     share = float((predicted >= summary["threshold_at_share"]).mean())
     assert 0.25 <= share <= 0.4    # a third of the prompts carry the word; the threshold is just under them
     assert GainModel.from_json(json.loads(json.dumps(model.to_json()))) == model
