@@ -182,6 +182,12 @@ def add_bench_parsers(bench_sub) -> None:
                                                                   "gives on the training prompts")
     train.add_argument("--folds", type=int, default=5)
     train.add_argument("--min-prompts-per-feature", type=int, default=3)
+    train.add_argument("--prefill-model", default="default",
+                       help="the small tier's model, whose prompt hidden states join the text features; 'none': "
+                            "a text-only model (routes at classification, with no small-tier work)")
+    train.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    train.add_argument("--prefill-cache", default=None,
+                       help="an .npz file keeping the prompt hidden states for reruns")
     train.set_defaults(run=_bench_routing_train)
 
 
@@ -346,7 +352,9 @@ def _bench_routing_train(args: argparse.Namespace) -> int:
         raise UsageError("need 0 < --share < 1, --folds >= 2 and --min-prompts-per-feature >= 1")
     options = TrainOptions(min_prompts_per_feature=args.min_prompts_per_feature, folds=args.folds, share=args.share)
     try:
-        return run_train(args.labels, args.out, options)
+        return run_train(args.labels, args.out, options,
+                         None if args.prefill_model.lower() == "none" else args.prefill_model, args.dtype,
+                         args.prefill_cache)
     except WorkloadError as exc:
         raise UsageError(str(exc)) from None
 

@@ -47,6 +47,7 @@ class _Picked(NamedTuple):
     entry: ScheduledSeq
     tokens: list[int]
     logprobs: list[TokenLogprob] | None
+    prompt_hidden: list[float] | None = None
 
 
 class LLMEngine:
@@ -185,7 +186,25 @@ class LLMEngine:
         picked = self._sample(plain, logits) if plain else []
         if groups:
             picked += self._verify(verified, groups, logits)
-        return picked
+        return self._with_prompt_hidden(sampling, picked)
+
+    def _with_prompt_hidden(self, sampling: list[ScheduledSeq], picked: list[_Picked]) -> list[_Picked]:
+        """A first token's entry gets its prompt's hidden state when its request asked for it:
+        the entry's first logit row, which a prefill computes whether or not a prefix was cached."""
+        wanted = {id(s): row for s, row in self._first_rows(sampling)
+                  if s.seq.params.prompt_hidden and not s.seq.output_ids}
+        if not wanted:
+            return picked
+        hidden = self.runner.logit_hidden
+        return [p._replace(prompt_hidden=hidden[wanted[id(p.entry)]].float().tolist()) if id(p.entry) in wanted else p
+                for p in picked]
+
+    @staticmethod
+    def _first_rows(sampling: list[ScheduledSeq]):
+        row = 0
+        for s in sampling:
+            yield s, row
+            row += s.num_rows
 
     def _sample(self, plain: list[tuple[ScheduledSeq, int]], logits: torch.Tensor) -> list[_Picked]:
         rows = [r for _, r in plain]
@@ -221,11 +240,11 @@ class LLMEngine:
 
     def _emit(self, picked: list[_Picked]) -> list[RequestOutput]:
         now = time.monotonic()
-        return [self._append_tokens(self._requests[p.entry.seq.request_id], p.tokens, p.logprobs, now)
-                for p in picked]
+        return [self._append_tokens(self._requests[p.entry.seq.request_id], p.tokens, p.logprobs, now,
+                                    p.prompt_hidden) for p in picked]
 
     def _append_tokens(self, req: TrackedRequest, tokens: list[int], lps: list[TokenLogprob] | None,
-                       now: float) -> RequestOutput:
+                       now: float, prompt_hidden: list[float] | None = None) -> RequestOutput:
         """Append tokens in order until one finishes the request; one delta for all of them."""
         seq = req.seq
         if seq.first_token_time is None:
@@ -243,7 +262,8 @@ class LLMEngine:
                 break
         if reason:
             self._finish(req, reason)
-        return req.delta(tokens[:taken], lps[:taken] if lps else None, finished=reason is not None)
+        return req.delta(tokens[:taken], lps[:taken] if lps else None, finished=reason is not None,
+                         prompt_hidden=prompt_hidden)
 
     def _finish(self, req: TrackedRequest, reason: str) -> None:
         """Out of the batch and the engine at once: its blocks are free for the next step."""

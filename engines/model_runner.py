@@ -57,6 +57,7 @@ class ModelRunner:
         self.block_size = pool.block_size
         self._attn: StepAttention = PagedAttention(pool)
         self._hooks: list[ForwardHook] = []
+        self.logit_hidden: torch.Tensor | None = None    # the last forward's logit rows, before the head
 
     # ---- the ways in -----------------------------------------------------------------
     @property
@@ -121,5 +122,9 @@ class ModelRunner:
         self._attn.prepare(meta)
         hidden = self.model(ids_t, positions_t, self._attn)
         if not rows:
+            self.logit_hidden = None
             return torch.empty(0, device=self.device)
-        return self.model.compute_logits(hidden[rows_t])
+        # The rows' final hidden states stay readable until the next forward, in the logits'
+        # order: a request that asked for its prompt's hidden state reads its first row.
+        self.logit_hidden = hidden[rows_t]
+        return self.model.compute_logits(self.logit_hidden)

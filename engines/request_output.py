@@ -26,6 +26,8 @@ class RequestOutput:
     preempted_at: float | None = None   # the latest preemption
     spec_proposed: int = 0              # draft tokens verified
     spec_accepted: int = 0              # of which accepted
+    # SamplingParams.prompt_hidden: the last prompt token's final hidden state, on the first delta.
+    prompt_hidden: list[float] | None = None
 
 
 @dataclass
@@ -35,7 +37,8 @@ class TrackedRequest:
     detok: IncrementalDetokenizer
     stop_ids: frozenset[int]
 
-    def delta(self, tokens: list[int], lps: list[TokenLogprob] | None, finished: bool) -> RequestOutput:
+    def delta(self, tokens: list[int], lps: list[TokenLogprob] | None, finished: bool,
+              prompt_hidden: list[float] | None = None) -> RequestOutput:
         seq = self.seq
         return RequestOutput(
             request_id=seq.request_id, token_ids=tokens, text=self.detok.take_delta(finished), logprobs=lps,
@@ -43,4 +46,4 @@ class TrackedRequest:
             prompt_tokens=len(seq.prompt_ids), completion_tokens=len(seq.output_ids),
             cached_tokens=seq.num_cached_prompt_tokens, scheduled_at=seq.scheduled_time,
             num_preemptions=seq.num_preemptions, preempted_at=seq.preempted_time,
-            spec_proposed=seq.spec_proposed, spec_accepted=seq.spec_accepted)
+            spec_proposed=seq.spec_proposed, spec_accepted=seq.spec_accepted, prompt_hidden=prompt_hidden)

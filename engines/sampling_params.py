@@ -38,6 +38,10 @@ class SamplingParams:
     # The entropy of the model's distribution at each generated token (TokenLogprob.entropy):
     # a confidence signal for the gateway's cascade, computed only for the requests that ask.
     entropy: bool = False
+    # The final hidden state of the prompt's last token (the row the first token is sampled
+    # from), on the request's first delta: what a router reads to judge the request from its
+    # prefill alone (RequestOutput.prompt_hidden).
+    prompt_hidden: bool = False
     include_stop_str_in_output: bool = False
     # Constrained decoding (a JSON schema or a grammar): compiled by the engine's GrammarCompiler.
     grammar: GrammarSpec | None = None

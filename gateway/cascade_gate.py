@@ -8,8 +8,10 @@ How the parts meet:
   itself), and a stream's first chunks are held until the gate has decided;
 - the tier reports each token's logprob (and entropy) through `observe`, which raises
   Escalate inside the tier's call once the first K tokens (or the whole, shorter, answer) look
-  unsure: an embedded engine request is then aborted at once (its KV blocks freed), and what it
-  generated is charged to the budgets like any call that did work (gateway/attempt.py);
+  unsure (with predicted_gain: once the first token brings the prompt's hidden state, which with
+  the text's part of the gain model predicts what the larger tier would add): an embedded
+  engine request is then aborted at once (its KV blocks freed), and what it generated is
+  charged to the budgets like any call that did work (gateway/attempt.py);
 - the pipeline catches Escalate and walks (to, first tier): the larger tier answers, or, if it
   cannot after all, the first tier answers again without a gate.
 """
@@ -20,7 +22,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from gateway.context import RequestContext
-from policies.cascade import CascadeConfig, confidence, describe, should_escalate
+from policies.cascade import CascadeConfig, confidence, describe, gain_confidence, should_escalate
+from policies.gain_model import GainModel
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,14 +47,21 @@ class Escalate(Exception):
 
 class CascadeGate:
     """One request's cascade. `usable(tier)` says why a tier cannot take calls now (None: it can),
-    so that a request is never escalated to a tier that is known to be down."""
+    so that a request is never escalated to a tier that is known to be down. A predicted_gain
+    cascade needs the config's gain model (with its prefill part) and the text's part of its
+    prediction for this request (GainModel.predict)."""
 
-    __slots__ = ("_entropies", "_logprobs", "_usable", "cfg", "ctx", "tier", "verdict")
+    __slots__ = ("_entropies", "_logprobs", "_usable", "cfg", "ctx", "gain_model", "text_gain", "tier", "verdict")
 
-    def __init__(self, cfg: CascadeConfig, ctx: RequestContext, usable: Callable[[str], str | None]):
+    def __init__(self, cfg: CascadeConfig, ctx: RequestContext, usable: Callable[[str], str | None],
+                 gain_model: GainModel | None = None, text_gain: float | None = None):
+        if cfg.reads_prefill and (gain_model is None or gain_model.prefill is None or text_gain is None):
+            raise ValueError("a predicted_gain cascade needs a gain model with a prefill part and the text's prediction")
         self.cfg = cfg
         self.ctx = ctx
         self._usable = usable
+        self.gain_model = gain_model
+        self.text_gain = text_gain
         self.tier: str | None = None               # the tier being judged
         self.verdict: CascadeVerdict | None = None
         self._logprobs: list[float] = []
@@ -62,17 +72,28 @@ class CascadeGate:
         return self.cfg.signal == "mean_entropy"
 
     @property
+    def wants_prompt_hidden(self) -> bool:
+        return self.cfg.reads_prefill
+
+    @property
     def deciding(self) -> bool:
         """Armed for the current attempt and not decided yet: a stream's chunks are held."""
         return self.tier is not None and self.verdict is None
 
-    def arm(self, tier: str, signals: frozenset[str]) -> bool:
-        """Judge the call about to be made to `tier` (which reports `signals`)? Not once decided,
-        not on the target tier itself, not where the tier cannot report the signal."""
+    def arm(self, tier: str, signals: frozenset[str], prompt_hidden_size: int | None = None) -> bool:
+        """Judge the call about to be made to `tier` (which reports `signals` per token, and a
+        prompt hidden state of `prompt_hidden_size` values)? Not once decided, not on the target
+        tier itself, not where the tier cannot report the signal."""
         self.tier = None
         if self.verdict is not None or tier == self.cfg.to:
             return False
-        if self.cfg.signal not in signals:
+        if self.cfg.reads_prefill:
+            wanted = self.gain_model.prefill.size
+            if prompt_hidden_size != wanted:
+                self.ctx.reasons.append(f"cascade off on {tier}: the gain model reads a prompt hidden state of "
+                                        f"{wanted} values, the tier gives {prompt_hidden_size or 'none'}")
+                return False
+        elif self.cfg.signal not in signals:
             self.ctx.reasons.append(f"cascade off on {tier}: it gives no per-token {self.cfg.signal.split('_')[1]} "
                                     f"{'on streams' if self.ctx.stream else 'here'}")
             return False
@@ -81,10 +102,15 @@ class CascadeGate:
         self._entropies.clear()
         return True
 
-    def observe(self, logprobs: Sequence[float], entropies: Sequence[float], finished: bool) -> None:
-        """The tier's next tokens (`finished`: the answer is complete). Raises Escalate when the
-        verdict is to hand the request over."""
+    def observe(self, logprobs: Sequence[float], entropies: Sequence[float], finished: bool,
+                prompt_hidden: Sequence[float] | None = None) -> None:
+        """The tier's next tokens (`finished`: the answer is complete; `prompt_hidden`: with the
+        first token, when the gate asked for it). Raises Escalate when the verdict is to hand the
+        request over."""
         if self.verdict is not None or self.tier is None:
+            return
+        if self.cfg.reads_prefill:
+            self._decide_on_prefill(prompt_hidden, len(logprobs))
             return
         want = self.cfg.tokens - len(self._logprobs)
         self._logprobs.extend(logprobs[:want])
@@ -92,10 +118,21 @@ class CascadeGate:
         if len(self._logprobs) >= self.cfg.tokens or finished:
             self._decide()
 
+    def _decide_on_prefill(self, prompt_hidden: Sequence[float] | None, tokens: int) -> None:
+        if prompt_hidden is None:
+            # The tier's first delta came without it (it could not compute one): keep the tier.
+            self.verdict = CascadeVerdict(self.tier, self.cfg.to, self.cfg.signal, 0.0, tokens, False)
+            self.ctx.cascade = self.verdict
+            self.ctx.reasons.append(f"cascade kept {self.tier}: no prompt hidden state came with its first token")
+            return
+        gain = self.gain_model.predict_with_prefill(self.text_gain, prompt_hidden)
+        self._verdict(gain_confidence(gain), tokens)
+
     def _decide(self) -> None:
+        self._verdict(confidence(self.cfg.signal, self._logprobs, self._entropies), len(self._logprobs))
+
+    def _verdict(self, score: float, judged: int) -> None:
         cfg, tier = self.cfg, self.tier
-        score = confidence(cfg.signal, self._logprobs, self._entropies)
-        judged = len(self._logprobs)
         unsure = should_escalate(cfg, score)
         note = describe(cfg, score, judged)
         blocked = self._usable(cfg.to) if unsure else None

@@ -78,7 +78,8 @@ class ChainWalk:
     def _arm(call: TierCall, tier: Tier, stream: bool):
         """The request's cascade gate if it judges this call to `tier`, else None."""
         gate = call.gate
-        call.scoring = gate if gate is not None and gate.arm(tier.name, tier.token_signals(stream)) else None
+        call.scoring = gate if gate is not None and gate.arm(tier.name, tier.token_signals(stream),
+                                                             tier.prompt_hidden_size) else None
         return call.scoring
 
     async def next_attempt(self) -> Attempt:

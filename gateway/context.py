@@ -57,6 +57,7 @@ class RequestContext:
     tier: str | None = None               # the tier that answered (or is answering)
     fallbacks: list[Skip] = field(default_factory=list)  # tiers passed over, in order, and why
     cascade: CascadeVerdict | None = None    # the cascade's decision, when one judged the request
+    text_gain: float | None = None        # the gain model's prediction from the text (the cascade adds the prefill's)
     escalated_from: str | None = None     # the cascade handed the request from this tier to ctx.tier
     # Summed over every tier call: the cascade's first tier included (its tokens were work done,
     # charged to budgets); the client's usage is the answering tier's own.

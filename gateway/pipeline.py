@@ -169,6 +169,7 @@ class Pipeline:
                                    tools=chat and bool(body.tools), json_schema=_wants_json(body),
                                    logprobs=body.logprobs is not None and body.logprobs is not False,
                                    predicted_gain=rt.classifier.predict_gain(text, code) if wants_gain else None)
+        ctx.text_gain = features.predicted_gain
         verdict = rt.classifier.classify(features, hint, tenant.allow_profile_hint)
         ctx.profile, ctx.profile_source, ctx.reasons = verdict.profile, verdict.source, verdict.reasons
         ctx.needs = verdict.needs
@@ -251,6 +252,8 @@ def _cascade_gate(rt: Runtime, ctx: RequestContext, body, decision: RouteDecisio
     if choices > 1:
         ctx.reasons.append(f"cascade off: {choices} choices")
         return None
+    if decision.cascade.reads_prefill:
+        return CascadeGate(decision.cascade, ctx, rt.unusable_reason, rt.classifier.gain_model, ctx.text_gain)
     return CascadeGate(decision.cascade, ctx, rt.unusable_reason)
 
 

@@ -11,33 +11,55 @@ import math
 from collections.abc import Sequence
 from typing import Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 # mean_logprob: the mean log-probability of the tokens sampled (near 0: sure of each choice);
 # mean_entropy: the mean entropy, in nats, of the distributions they were sampled from (near 0:
-# one choice dominated), which also sees doubt that a lucky sample hides.
-CascadeSignal = Literal["mean_logprob", "mean_entropy"]
+# one choice dominated), which also sees doubt that a lucky sample hides;
+# predicted_gain: the learned router's predicted gain of the target tier, in bits per byte, from
+# the prompt's text and the first tier's prefill (policies/gain_model.py), known with the first
+# token (escalate above it): nothing more is held back than that token.
+CascadeSignal = Literal["mean_logprob", "mean_entropy", "predicted_gain"]
+# the signals a tier reports per token; predicted_gain comes from the prefill
+PER_TOKEN_SIGNALS: tuple[str, ...] = ("mean_logprob", "mean_entropy")
 CASCADE_SIGNALS: tuple[str, ...] = get_args(CascadeSignal)
 DEFAULT_CASCADE_TOKENS = 8
 MAX_CASCADE_TOKENS = 256
 
 
 class CascadeConfig(BaseModel):
-    """`threshold` is in the signal's own unit: a mean logprob (escalate below it) or a mean
-    entropy in nats (escalate above it)."""
+    """`threshold` is in the signal's own unit: a mean logprob (escalate below it), a mean
+    entropy in nats (escalate above it) or a predicted gain in bits per byte (escalate above it)."""
     model_config = ConfigDict(extra="forbid")
 
     to: str = Field(description="tier that answers the whole request when the first tier's start looks unsure")
     tokens: int = Field(DEFAULT_CASCADE_TOKENS, ge=1, le=MAX_CASCADE_TOKENS,
-                        description="tokens of the first tier held back and judged before anything is sent")
+                        description="tokens of the first tier held back and judged before anything is sent "
+                                    "(predicted_gain: the first token, whatever this says)")
     signal: CascadeSignal = "mean_logprob"
     threshold: float = Field(allow_inf_nan=True, description="mean_logprob: keep at or above it; "
-                                                             "mean_entropy: keep at or below it")
+                                                             "mean_entropy, predicted_gain: keep at or below it")
+
+    @model_validator(mode="after")
+    def _prefill_judged_on_first_token(self):
+        if self.signal == "predicted_gain":
+            self.tokens = 1
+        return self
+
+    @property
+    def reads_prefill(self) -> bool:
+        return self.signal == "predicted_gain"
+
+
+def gain_confidence(predicted_gain: float) -> float:
+    """predicted_gain as a confidence (higher is surer to keep): the gain negated."""
+    return -predicted_gain
 
 
 def confidence(signal: CascadeSignal, logprobs: Sequence[float], entropies: Sequence[float]) -> float:
     """Higher is more confident: the mean logprob, or the mean entropy negated. No tokens at all
-    (an empty answer) is taken as fully confident: there is nothing to doubt."""
+    (an empty answer) is taken as fully confident: there is nothing to doubt. (predicted_gain
+    is not a per-token signal: gain_confidence.)"""
     if signal == "mean_logprob":
         values = logprobs
         sign = 1.0
@@ -53,8 +75,9 @@ def confidence(signal: CascadeSignal, logprobs: Sequence[float], entropies: Sequ
 
 
 def should_escalate(cfg: CascadeConfig, score: float) -> bool:
-    """`score` comes from confidence(cfg.signal, ...). Escalate when it falls short of the
-    threshold: mean_logprob < threshold, or mean_entropy (= -score) > threshold."""
+    """`score` comes from confidence(cfg.signal, ...) or gain_confidence. Escalate when it falls
+    short of the threshold: mean_logprob < threshold, or mean_entropy / predicted_gain (= -score)
+    > threshold."""
     if math.isnan(score):
         return True
     bound = cfg.threshold if cfg.signal == "mean_logprob" else -cfg.threshold
@@ -63,11 +86,13 @@ def should_escalate(cfg: CascadeConfig, score: float) -> bool:
 
 def describe(cfg: CascadeConfig, score: float, tokens: int) -> str:
     """The comparison in the signal's own unit, for reasons and logs:
-    'mean_logprob -2.31 < -1.50 over 8 tokens'."""
+    'mean_logprob -2.31 < -1.50 over 8 tokens', 'predicted_gain +0.190 > +0.120 from the prefill'."""
     value = score if cfg.signal == "mean_logprob" else -score
     escalated = should_escalate(cfg, score)
     if cfg.signal == "mean_logprob":
         op = "<" if escalated else ">="
     else:
         op = ">" if escalated else "<="
+    if cfg.reads_prefill:
+        return f"{cfg.signal} {value:+.3f} {op} {cfg.threshold:+.3f} from the prefill"
     return f"{cfg.signal} {value:.2f} {op} {cfg.threshold:.2f} over {tokens} token{'s' if tokens != 1 else ''}"

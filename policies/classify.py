@@ -137,11 +137,14 @@ class Classifier:
         # Likewise the code detector (cheap, but not free on a long prompt).
         self.needs_code_signal = any(r.when.code is not None for r in config.rules)
         self.gain_model = config.gain_model.model if config.gain_model is not None else None
-        self.gain_threshold = config.gain_model.threshold if config.gain_model is not None else None
+        # A model that reads the prefill judges in the cascade, after the small tier's prefill.
+        self.gain_threshold = (config.gain_model.threshold if config.gain_model is not None
+                               and not config.gain_model.model.reads_prefill else None)
 
     def predict_gain(self, text: str, code: str | None) -> float | None:
         """The learned router's predicted gain of the large tier for this prompt text (`code`: its
-        code_signal verdict), or None when the config has no gain model."""
+        code_signal verdict), or None when the config has no gain model. For a model that reads
+        the prefill, the text's part: the cascade adds the rest."""
         return None if self.gain_model is None else self.gain_model.predict(text, code)
 
     def needs_of(self, features: RequestFeatures) -> frozenset[str]:

@@ -129,6 +129,7 @@ class GatewayConfig(_Strict):
         if not self.tenants:
             self.tenants = {self.auth.anonymous_tenant: TenantConfig()}
         self._check_tiers_named()
+        self._check_gain_model_use()
         self._check_tenants_named()
         self._check_limits_named()
         return self
@@ -154,6 +155,24 @@ class GatewayConfig(_Strict):
                     # The rule could never apply: a pinned alias is not re-routed.
                     raise ValueError(f"routing.rules.{i}.match.model: model {alias!r} is pinned "
                                      "(routing rules do not apply to it)")
+
+    def _check_gain_model_use(self) -> None:
+        """A predicted_gain cascade needs a gain model that reads the prefill; large_gain needs
+        one that reads the text alone, with its threshold."""
+        gain = self.classification.gain_model
+        reads_prefill = gain is not None and gain.model.reads_prefill
+        places = [(f"models.{alias}.cascade", m.cascade) for alias, m in self.models.items()]
+        places += [(f"routing.rules.{i}.cascade", r.cascade) for i, r in enumerate(self.routing.rules)]
+        for where, cascade in places:
+            if cascade is not None and cascade.reads_prefill and not reads_prefill:
+                raise ValueError(f"{where}: signal predicted_gain needs classification.gain_model with a model "
+                                 "that reads the small tier's prefill")
+        for i, rule in enumerate(self.routing.rules):
+            if "large_gain" in _as_list(rule.match.needs):
+                if gain is None or reads_prefill or gain.threshold is None:
+                    raise ValueError(f"routing.rules.{i}.match.needs: large_gain needs classification.gain_model "
+                                     "with a text-only model and a threshold (a model that reads the prefill is "
+                                     "a cascade signal: cascade: {signal: predicted_gain})")
 
     def _check_tenants_named(self) -> None:
         if not self.auth.enabled and self.auth.anonymous_tenant not in self.tenants:

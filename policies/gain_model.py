@@ -1,5 +1,11 @@
 """A learned router's model: how much better (in bits per byte of a reference answer) the large
-tier is predicted to answer a prompt than the small one, from the prompt's text alone.
+tier is predicted to answer a prompt than the small one, from the prompt's text and, where the
+model has that part, from the small tier's prefill.
+
+The prefill part is a weight vector over the small model's final hidden state at the prompt's
+last token (the row its first token is sampled from): the small tier computes it for every
+request it starts, so the cascade reads it with the first token and escalates before any byte
+is sent, at the cost of one small prefill for the requests it hands over.
 
 A linear model over policies.prompt_features (scaled to unit length), fitted by `tiergate bench routing-train` on
 prompts scored on both tiers (RouteLLM's way: learn from per-prompt outcomes). It is a JSON
@@ -26,22 +32,56 @@ class GainModelError(ValueError):
 
 
 @dataclass(frozen=True)
+class PrefillWeights:
+    """Weights over the small model's final hidden state at the last prompt token (any
+    standardisation of the training features is folded into them and the model's bias)."""
+    model: str                  # the model whose hidden states they read (for people; checked by size)
+    weights: tuple[float, ...]
+
+    @property
+    def size(self) -> int:
+        return len(self.weights)
+
+    def dot(self, hidden) -> float:
+        if len(hidden) != len(self.weights):
+            raise GainModelError(f"a prompt hidden state of {len(hidden)} values; the gain model reads "
+                                 f"{len(self.weights)} ({self.model})")
+        return math.fsum(w * h for w, h in zip(self.weights, hidden))
+
+
+@dataclass(frozen=True)
 class GainModel:
     bias: float
     weights: dict[str, float]
     small: str = ""
     large: str = ""
     trained: dict = field(default_factory=dict)   # what it was fitted on (labels, penalty, CV figures)
+    prefill: PrefillWeights | None = None
+
+    @property
+    def reads_prefill(self) -> bool:
+        """Its prediction needs the small tier's prompt hidden state: a cascade signal, not a
+        classification feature."""
+        return self.prefill is not None
 
     def predict(self, text: str, code: str | None) -> float:
-        """`code`: request_signals.code_signal of `text` (a feature; the caller has it)."""
+        """The text's part (with the bias): the whole prediction for a text-only model. `code`:
+        request_signals.code_signal of `text` (a feature; the caller has it)."""
         weights = self.weights
         return self.bias + sum(weights.get(name, 0.0) * value for name, value in prompt_vector(text, code).items())
+
+    def predict_with_prefill(self, text_part: float, hidden) -> float:
+        """The whole prediction: predict()'s value plus the prefill part on `hidden`."""
+        if self.prefill is None:
+            return text_part
+        return text_part + self.prefill.dot(hidden)
 
     def to_json(self) -> dict:
         return {"format": FORMAT, "features_version": FEATURES_VERSION, "small": self.small, "large": self.large,
                 "bias": self.bias, "trained": self.trained,
-                "weights": dict(sorted(self.weights.items(), key=lambda kv: -abs(kv[1])))}
+                "weights": dict(sorted(self.weights.items(), key=lambda kv: -abs(kv[1]))),
+                **({"prefill": {"model": self.prefill.model, "weights": list(self.prefill.weights)}}
+                   if self.prefill is not None else {})}
 
     @classmethod
     def from_json(cls, data) -> GainModel:
@@ -56,7 +96,16 @@ class GainModel:
                 isinstance(k, str) and _finite(v) for k, v in weights.items()):
             raise GainModelError("a gain model needs a finite bias and a map of feature names to finite weights")
         return cls(float(bias), {k: float(v) for k, v in weights.items()}, str(data.get("small", "")),
-                   str(data.get("large", "")), dict(data.get("trained") or {}))
+                   str(data.get("large", "")), dict(data.get("trained") or {}), _prefill(data.get("prefill")))
+
+
+def _prefill(data) -> PrefillWeights | None:
+    if data is None:
+        return None
+    weights = data.get("weights") if isinstance(data, dict) else None
+    if not isinstance(weights, list) or not weights or not all(_finite(w) for w in weights):
+        raise GainModelError("a gain model's prefill part needs a non-empty list of finite weights")
+    return PrefillWeights(str(data.get("model", "")), tuple(float(w) for w in weights))
 
 
 def _finite(value) -> bool:

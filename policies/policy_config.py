@@ -142,14 +142,17 @@ class ClassifyRule(_Strict):
 
 
 class GainModelConfig(_Strict):
-    """A learned router: a model of how much better the large tier answers a prompt, read from
-    the prompt's text (policies/gain_model.py); at or above `threshold` the request needs
-    `large_gain`, which a routing rule can send to the large tier."""
+    """A learned router: a model of how much better the large tier answers a prompt
+    (policies/gain_model.py). Read from the prompt's text alone: at or above `threshold` the
+    request needs `large_gain`, which a routing rule can send to the large tier. A model that
+    also reads the small tier's prefill is a cascade's signal instead
+    (`cascade: {to: large, signal: predicted_gain, threshold: ...}`)."""
     file: str = Field(description="a bundled model's name (smollm2-qwen2.5-coder) or the path of one "
                                   "(`tiergate bench routing-train` writes it), relative to the config file")
-    threshold: float = Field(description="predicted gain in bits per byte of the answer: at or above it a request "
-                                         "needs large_gain (the bundled model's file names the threshold that sent "
-                                         "30 % of its training prompts to large)")
+    threshold: float | None = Field(None, description="predicted gain in bits per byte of the answer: at or above "
+                                                      "it a request needs large_gain (a text-only model; the "
+                                                      "model's file names the threshold that sent 30 % of its "
+                                                      "training prompts to large)")
     _model: GainModel | None = PrivateAttr(None)
 
     @model_validator(mode="after")

@@ -8,6 +8,7 @@ KV blocks, the budget store and the spans (in memory) while talking to it over r
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from pathlib import Path
 
@@ -17,10 +18,15 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from gateway.telemetry.setup import build_telemetry
 from policies.config import load_config
+from policies.gain_model import GainModel, PrefillWeights
 from tests.gateway_harness import InstantUpstream, RunningGateway, shared
 
 SCOPE = "t:default"          # the anonymous tenant's budget scope (auth off)
 K = 8                        # tokens each cascade judges
+# The gain model of the predicted_gain aliases: text weights none, prefill weights GAIN_WEIGHT each
+# over the tiny model's hidden state (64 values), so a prediction is GAIN_BIAS + GAIN_WEIGHT * sum(h).
+GAIN_BIAS, GAIN_WEIGHT, HIDDEN = 0.5, 0.01, 64
+GAIN_KEEP, GAIN_ESCALATE = 100.0, -100.0     # thresholds no prediction reaches / every one exceeds
 
 _TINY = ("{{model: '{path}', dtype: float32, max_model_len: 256, kv_cache_memory: 4MiB, block_size: 16, "
          "max_num_seqs: 8, max_num_batched_tokens: 256, capabilities: []}}")
@@ -42,7 +48,11 @@ models:
   keep-entropy: {{chain: [small], cascade: {{to: large, tokens: {k}, signal: mean_entropy, threshold: .inf}}}}
   escalate-entropy: {{chain: [small], cascade: {{to: large, tokens: {k}, signal: mean_entropy, threshold: 0}}}}
   up-first: {{chain: [up], cascade: {{to: large, tokens: {k}, threshold: 0}}}}
+  keep-gain: {{chain: [small], cascade: {{to: large, signal: predicted_gain, threshold: {gain_keep}}}}}
+  escalate-gain: {{chain: [small], cascade: {{to: large, signal: predicted_gain, threshold: {gain_escalate}}}}}
+  up-gain: {{chain: [up], cascade: {{to: large, signal: predicted_gain, threshold: -100}}}}
 classification:
+  gain_model: {{file: gain.json}}
   rules:
     - {{name: code, profile: memory, when: {{code: true}}}}
 routing:
@@ -60,9 +70,12 @@ class CascadeGateway:
         write_tiny_checkpoint(tmp_dir / "large", seed=1)
         self.upstream = InstantUpstream()
         path = tmp_dir / "gateway.yaml"
+        (tmp_dir / "gain.json").write_text(json.dumps(GainModel(
+            GAIN_BIAS, {}, prefill=PrefillWeights("tiny", (GAIN_WEIGHT,) * HIDDEN)).to_json()))
         path.write_text(CONFIG.format(small=_TINY.format(path=tmp_dir / "small"),
                                       large=_TINY.format(path=tmp_dir / "large"),
-                                      upstream=self.upstream.base_url, k=K))
+                                      upstream=self.upstream.base_url, k=K, gain_keep=GAIN_KEEP,
+                                      gain_escalate=GAIN_ESCALATE))
         self.exporter = InMemorySpanExporter()
         self.telemetry = build_telemetry(load_config(path).telemetry, environ={}, exporter=self.exporter)
         self.gw = RunningGateway(path, telemetry=self.telemetry)

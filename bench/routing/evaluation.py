@@ -62,10 +62,12 @@ class RoutingEvaluation:
 
 def evaluate_routers(rows: list[PromptMeasurement], small_cost: TierCost, large_cost: TierCost, probe_tokens: int,
                      signal: CascadeSignal, share: float = 0.30, seed: int = 0,
-                     gain_threshold: float | None = None) -> RoutingEvaluation:
+                     gain_threshold: float | None = None, gain_reads_prefill: bool = False) -> RoutingEvaluation:
     """tiergate's router is the learned gain model when the rows carry its predictions (every
     threshold swept; `gain_threshold`, the config's, also reported as the one point it gives),
-    else the hand-written rules (code, non-English) with the cascade behind them."""
+    else the hand-written rules (code, non-English) with the cascade behind them. A gain model
+    that reads the prefill is a cascade: every prompt starts on small, and the ones it escalates
+    have paid the small tier's prefill and first token."""
     table = routing_table(rows, small_cost, large_cost)
     probes = probe_records(rows)
     is_code = np.array([r.code_reason is not None for r in rows])
@@ -82,7 +84,20 @@ def evaluate_routers(rows: list[PromptMeasurement], small_cost: TierCost, large_
         f"{probe_tokens} greedy tokens falls short of the threshold"), signal=signal, tokens=probe_tokens,
         min_share=rules_cascade[0].share)
     learned = all(r.predicted_gain is not None for r in rows)
-    if learned:
+    if learned and gain_reads_prefill:
+        predicted = np.array([r.predicted_gain for r in rows])
+        prefill_wasted = small_cost.probe(prompt_tokens, np.ones(len(rows)))
+        gain_sweep = threshold_sweep(table, -predicted, "predicted_gain", wasted_cost=prefill_wasted)
+        tiergate_entry = _sweep_entry(table, gain_sweep, share, description=(
+            "the learned gain model (policies/gain_model.py) as a cascade: every prompt starts on small, and those "
+            "whose gain predicted from the text and the small tier's prefill (its last prompt token's hidden "
+            "state) is above the threshold escalate with their first token, their small prefill counted as "
+            "wasted"), signal="predicted_gain", tokens=1)
+        if gain_threshold is not None:
+            escalated = predicted > gain_threshold
+            tiergate_entry["at_config_threshold"] = evaluate(table, escalated, np.where(escalated, prefill_wasted, 0.0),
+                                                             threshold=gain_threshold).as_dict()
+    elif learned:
         predicted = np.array([r.predicted_gain for r in rows])
         gain_sweep = score_curve(table, predicted)
         tiergate_entry = _sweep_entry(table, gain_sweep, share, description=(

@@ -27,8 +27,10 @@ def _frontier_figure(report: dict):
                 label=f"random (seed {routers['random']['sampled']['seed']})")
         ax.plot(*_xy(routers["cascade_only"]["sweep"], x), color="tab:orange", lw=1.3,
                 label=f"cascade only ({routers['cascade_only']['signal']}@{routers['cascade_only']['tokens']})")
-        tiergate_label = ("tiergate (learned gain model)" if routers["tiergate"].get("signal") == "predicted_gain"
-                          else "tiergate (code, non-English + cascade)")
+        learned = routers["tiergate"].get("signal") == "predicted_gain"
+        prefill = learned and routers["tiergate"].get("tokens") == 1
+        tiergate_label = ("tiergate (gain model: text + small prefill)" if prefill
+                          else "tiergate (learned gain model)" if learned else "tiergate (code, non-English + cascade)")
         ax.plot(*_xy(routers["tiergate"]["sweep"], x), color="tab:blue", lw=2, label=tiergate_label)
         if "rules_and_cascade" in routers and routers["tiergate"].get("signal") == "predicted_gain":
             ax.plot(*_xy(routers["rules_and_cascade"]["sweep"], x), color="tab:cyan", lw=1.2,

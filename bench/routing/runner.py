@@ -78,10 +78,17 @@ def _probe_all(loaded, prompts: list[RoutingPrompt], console: Console, tokens: i
         return probe_first_tokens(loaded, ids, tokens, batch, on_done=lambda n: bar.advance(task, n))
 
 
+def _predicted_gain(gain, question: str, code: str | None, small: ExchangeScore) -> float | None:
+    if gain is None:
+        return None
+    text_part = gain.predict(question, code)
+    return gain.predict_with_prefill(text_part, small.prompt_hidden) if gain.reads_prefill else text_part
+
+
 def _measure_speeds(small, large, prompts: list[RoutingPrompt], options: RoutingOptions,
-                    console: Console) -> tuple[dict, dict, dict]:
+                    console: Console, held_back: int) -> tuple[dict, dict, dict]:
     """Both tiers' throughput, alternating rounds (each tier's best kept), then the latency
-    prompts each timed on small and at once on large."""
+    prompts each timed on small and at once on large; the cascade holds `held_back` tokens."""
     ids = {tier: [encode_exchange(loaded, p.question, p.reference)[0] for p in prompts]
            for tier, loaded in (("small", small), ("large", large))}
     step = max(1, len(prompts) // options.latency_prompts)
@@ -93,7 +100,7 @@ def _measure_speeds(small, large, prompts: list[RoutingPrompt], options: Routing
                         f"(round {r + 1}/{options.speed_rounds})")
             rounds[tier].append(measure_batch(loaded, ids[tier][:options.speed_batch], options.speed_decode_tokens))
     timers = {tier: SingleStreamTimer(loaded, [ids[tier][i] for i in picked], options.latency_tokens,
-                                      options.probe_tokens) for tier, loaded in (("small", small), ("large", large))}
+                                      held_back) for tier, loaded in (("small", small), ("large", large))}
     timings: dict[str, list[RequestTiming]] = {"small": [], "large": []}
     with _progress(console) as bar:
         task = bar.add_task("single-stream latency, small then large", total=len(picked))
@@ -102,8 +109,7 @@ def _measure_speeds(small, large, prompts: list[RoutingPrompt], options: Routing
                 timings[tier].append(timers[tier].time(ids[tier][i]))
             bar.advance(task)
     speeds = {tier: _speed_entry(rounds[tier], timings[tier]) for tier in ("small", "large")}
-    return speeds["small"], speeds["large"], cascade_latency(timings["small"], timings["large"],
-                                                             options.probe_tokens)
+    return speeds["small"], speeds["large"], cascade_latency(timings["small"], timings["large"], held_back)
 
 
 def _speed_entry(rounds: list[BatchSpeed], timings: list[RequestTiming]) -> dict:
@@ -144,17 +150,20 @@ def run_routing_bench(json_out: str, report_dir: str | None, options: RoutingOpt
         console.log(f"large tier {options.large!r}: loading ({options.dtype})")
         large = load_model(options.large, options.dtype)
     large_scores = _score_all(large, prompts, console, "large", prompt_logprobs=False)
-    small_speed, large_speed, latency = _measure_speeds(small, large, prompts, options, console)
-
     gain = load_gain_model(resolve_gain_model_path(options.gain_model)) if options.gain_model else None
+    reads_prefill = gain is not None and gain.reads_prefill
+    # A cascade judged on the prefill holds back only the first token it samples anyway.
+    held_back = 1 if reads_prefill else options.probe_tokens
+    small_speed, large_speed, latency = _measure_speeds(small, large, prompts, options, console, held_back)
+
     codes = [code_signal(p.question) for p in prompts]
     rows = [PromptMeasurement(p.prompt_id, p.record_index, code, s, l, probe, language_signal(p.question),
-                              gain.predict(p.question, code) if gain else None)
+                              _predicted_gain(gain, p.question, code, s))
             for p, code, s, l, probe in zip(prompts, codes, small_scores, large_scores, probes)]
     small_cost, large_cost = _tier_cost(small_speed, cores), _tier_cost(large_speed, cores)
     threshold = gain.trained.get("threshold_at_share") if gain else None
     result = evaluate_routers(rows, small_cost, large_cost, options.probe_tokens, options.signal, options.share,
-                              options.seed, threshold)
+                              options.seed, threshold, reads_prefill)
     report = build_report(options, prompts, rows, result, latency, small_speed, large_speed, cores)
     report["wall_s"] = time.perf_counter() - started
     write_json(json_out, report)

@@ -28,21 +28,29 @@ class ExchangeScore:
     # Mean natural-log probability of the prompt's tokens (each given those before it; the first
     # token has no prediction): known after the prefill, before any answer token.
     prompt_mean_logprob: float | None = None
+    # The final hidden state at the prompt's last token (what the engine reports with the first
+    # token), when asked for: the same forward computes it.
+    prompt_hidden: tuple[float, ...] | None = None
 
     @property
     def bits_per_byte(self) -> float:
         return self.answer_bits / self.answer_bytes
 
 
+def encode_prompt(loaded, question: str) -> list[int]:
+    """The question as the tier would receive it: one user turn in the model's chat template."""
+    return loaded.tokenizer.encode(loaded.chat_template.render([{"role": "user", "content": question}]))
+
+
 def encode_exchange(loaded, question: str, reference: str) -> tuple[list[int], list[int]]:
     """(prompt ids, answer ids) in the model's own chat template and tokenizer: the prompt as
     the tier would receive it, the answer as the tokens that would follow it."""
-    prompt = loaded.chat_template.render([{"role": "user", "content": question}])
-    return loaded.tokenizer.encode(prompt), loaded.tokenizer.encode(reference, add_special_tokens=False)
+    return encode_prompt(loaded, question), loaded.tokenizer.encode(reference, add_special_tokens=False)
 
 
 def score_question(loaded, question: str, reference: str, *, prompt_logprobs: bool = False) -> ExchangeScore:
-    """The reference's bits per byte after the question, in the loaded model's own template."""
+    """The reference's bits per byte after the question, in the loaded model's own template
+    (with `prompt_logprobs`, the prompt's mean logprob and last hidden state as well)."""
     prompt_ids, answer_ids = encode_exchange(loaded, question, reference)
     return score_exchange(loaded.model, prompt_ids, answer_ids, len(reference.encode("utf-8")),
                           prompt_logprobs=prompt_logprobs)
@@ -67,7 +75,8 @@ def score_exchange(model, prompt_ids: list[int], answer_ids: list[int], answer_b
     token_logprobs = logprobs.gather(1, targets.unsqueeze(1)).squeeze(1).double()
     answer_start = n_prompt - 1 - first_row
     answer_bits = -float(token_logprobs[answer_start:].sum()) / LN2
-    prompt_mean = None
+    prompt_mean = prompt_hidden = None
     if prompt_logprobs:
         prompt_mean = float(token_logprobs[:answer_start].mean()) if answer_start else 0.0
-    return ExchangeScore(n_prompt, len(answer_ids), answer_bytes, answer_bits, prompt_mean)
+        prompt_hidden = tuple(hidden[n_prompt - 1].float().tolist())
+    return ExchangeScore(n_prompt, len(answer_ids), answer_bytes, answer_bits, prompt_mean, prompt_hidden)

@@ -18,13 +18,13 @@ from gateway.context import RequestContext, Usage
 from gateway.errors import GatewayError
 from gateway.schema import RequestBody
 from gateway.telemetry.tracing import TierSpan, untraced_tier_span
-from policies.cascade import CASCADE_SIGNALS
+from policies.cascade import PER_TOKEN_SIGNALS
 
 if TYPE_CHECKING:
     from gateway.cascade_gate import CascadeGate
 
 # What a tier can report of each token it generates, for a cascade to judge (policies/cascade.py).
-ALL_TOKEN_SIGNALS: frozenset[str] = frozenset(CASCADE_SIGNALS)
+ALL_TOKEN_SIGNALS: frozenset[str] = frozenset(PER_TOKEN_SIGNALS)
 NO_TOKEN_SIGNALS: frozenset[str] = frozenset()
 
 
@@ -126,6 +126,12 @@ class Tier:
     def token_signals(self, stream: bool) -> frozenset[str]:
         """The cascade signals this tier can report per token, in a stream or a whole answer."""
         return NO_TOKEN_SIGNALS
+
+    @property
+    def prompt_hidden_size(self) -> int | None:
+        """The size of the prompt hidden state this tier reports with its first token (a
+        cascade's predicted_gain reads it), or None where it reports none."""
+        return None
 
     def describe(self) -> dict:
         out = {"kind": self.kind, "state": self.state}

@@ -161,6 +161,10 @@ class EmbeddedTier(Tier):
     def token_signals(self, stream: bool) -> frozenset[str]:
         return ALL_TOKEN_SIGNALS       # the engine's sampler gives logprobs and entropies either way
 
+    @property
+    def prompt_hidden_size(self) -> int | None:
+        return None if self.loaded is None else self.loaded.config.hidden_size
+
     def describe(self) -> dict:
         out = super().describe()
         if self.state == "ready" and not self.ready:
@@ -362,7 +366,7 @@ def _judge(gate, out) -> None:
     if not gate.deciding:
         return
     lps = out.logprobs or ()
-    gate.observe([lp.logprob for lp in lps], [lp.entropy for lp in lps], out.finished)
+    gate.observe([lp.logprob for lp in lps], [lp.entropy for lp in lps], out.finished, out.prompt_hidden)
 
 
 def _first_token(call: TierCall) -> None:

@@ -70,6 +70,7 @@ def engine_jobs(call: TierCall, prompts: list[list[int]], engine: LLMEngine) -> 
     gate = call.scoring            # a cascade judging this call needs its tokens' logprobs
     want_lp = (body.logprobs if chat else body.logprobs is not None) or gate is not None
     entropy = gate is not None and gate.wants_entropy
+    prompt_hidden = gate is not None and gate.wants_prompt_hidden
     top = body.num_top_logprobs if chat else (body.logprobs or 0)
     limit = engine.max_model_len
     grammar = response_format_grammar((body.model_extra or {}).get("response_format"))
@@ -86,7 +87,7 @@ def engine_jobs(call: TierCall, prompts: list[list[int]], engine: LLMEngine) -> 
                 seed=derive_seed(body.seed, p_index * body.n + i), stop=body.stop_list(),
                 ignore_eos=body.ignore_eos, presence_penalty=body.presence_penalty or 0.0,
                 frequency_penalty=body.frequency_penalty or 0.0, logprobs=bool(want_lp), top_logprobs=top,
-                entropy=entropy, grammar=grammar)
+                entropy=entropy, prompt_hidden=prompt_hidden, grammar=grammar)
             try:
                 engine.check_request(ids, params)
             except RequestTooLongError as exc:   # a larger tier may take it

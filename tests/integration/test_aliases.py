@@ -18,7 +18,7 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "description":
                                            "parameters": {"type": "object", "properties": {
                                                "city": {"type": "string"}}, "required": ["city"]}}}]
 ALIASES = ["auto", "plain-small", "plain-large", "with-up", "keep", "escalate", "keep-entropy",
-           "escalate-entropy", "up-first"]
+           "escalate-entropy", "up-first", "keep-gain", "escalate-gain", "up-gain"]
 
 
 

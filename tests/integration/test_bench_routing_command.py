@@ -60,9 +60,16 @@ def test_labels_resume_then_train_then_judge_the_learned_router(tmp_path):
     assert len({r["id"] for r in rows}) == 30 and all(r["record"] < 15_000 for r in rows)
     assert all(r["small_bpb"] == pytest.approx(r["large_bpb"]) for r in rows)   # one model as both tiers
 
-    assert main(["bench", "routing-train", "--labels", str(labels), "--out", str(model), "--folds", "3"]) == 0
+    cache = tmp_path / "prefill.npz"
+    assert main(["bench", "routing-train", "--labels", str(labels), "--out", str(model), "--folds", "3",
+                 "--prefill-cache", str(cache)]) == 0
     fitted = json.loads(model.read_text())
     assert fitted["format"] == "tiergate-gain-model" and fitted["trained"]["labels"] == 30
+    assert len(fitted["prefill"]["weights"]) == 576 and cache.is_file()       # SmolLM2's hidden size
+    text_only = tmp_path / "text.json"
+    assert main(["bench", "routing-train", "--labels", str(labels), "--out", str(text_only), "--folds", "3",
+                 "--prefill-model", "none"]) == 0
+    assert "prefill" not in json.loads(text_only.read_text())
 
     out = tmp_path / "routing.json"
     rc = main(["bench", "routing", "--json", str(out), "--num-prompts", "3", "--small", "default", "--large",
@@ -71,9 +78,11 @@ def test_labels_resume_then_train_then_judge_the_learned_router(tmp_path):
                "--gain-model", str(model)])
     assert rc == 0
     report = json.loads(out.read_text())
-    assert report["routers"]["tiergate"]["signal"] == "predicted_gain"
+    tiergate = report["routers"]["tiergate"]
+    assert tiergate["signal"] == "predicted_gain" and tiergate["tokens"] == 1     # judged on the prefill
     assert all(isinstance(p["predicted_gain"], float) for p in report["per_prompt"])
     assert "rules_and_cascade" in report["routers"]
+    assert report["cascade_ttft_overhead"] == 0.0 and report["latency"]["tokens"] == 1   # nothing more held back
 
 
 def test_routing_train_refuses_a_file_with_too_few_labels(tmp_path, capsys):

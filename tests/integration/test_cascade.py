@@ -12,7 +12,8 @@ import httpx
 import openai
 import pytest
 
-from tests.cascade_harness import K, cg, client  # noqa: F401 - fixtures
+from tests.cascade_harness import (GAIN_BIAS, GAIN_ESCALATE, GAIN_KEEP, GAIN_WEIGHT, K, cg,  # noqa: F401 - fixtures
+                                   client)
 from tests.telemetry_harness import client_traceparent
 
 MSG = [{"role": "user", "content": "w5 w9 w17 w33"}]
@@ -84,6 +85,42 @@ def test_escalated_answers_exactly_as_the_target_and_charges_both(cg, client, pl
         prompt, completion = plain["large"][1:]
         small_work = plain["small"][1] + K                   # its prompt and the K tokens judged
         assert cg.used_tokens() - before == prompt + completion + small_work
+
+
+def _expected_gain(cg) -> float:
+    """What the gain model predicts for MSG: its bias plus its weights on the small tier's
+    hidden state at the templated prompt's last token (computed here by a plain forward)."""
+    from bench.routing.prefill_states import prompt_hidden_state
+    hidden = prompt_hidden_state(cg.gw.runtime.tiers["small"].loaded, MSG[0]["content"])
+    return GAIN_BIAS + GAIN_WEIGHT * float(hidden.sum())
+
+
+def test_a_predicted_gain_cascade_judges_the_prefill_and_holds_back_one_token(cg, client, plain):
+    """The small tier's prompt hidden state, with the text's part of the gain model, decides at
+    the first token: kept, the small tier's own answer; escalated, the large tier's, with only
+    the small prefill and one token charged for the small tier's work."""
+    gain = _expected_gain(cg)
+    headers, answer = _ask(client, "keep-gain")
+    assert headers["x-tiergate-tier"] == "small" and answer.choices[0].message.content == plain["small"][0]
+    assert f"cascade kept small: predicted_gain {gain:+.3f} <= {GAIN_KEEP:+.3f} from the prefill" in \
+        headers["x-tiergate-reasons"]
+    for stream in (False, True):
+        before = cg.used_tokens()
+        if stream:
+            headers, text, usage = _ask_stream(client, "escalate-gain")
+        else:
+            headers, answer = _ask(client, "escalate-gain")
+            text, usage = answer.choices[0].message.content, answer.usage
+        assert headers["x-tiergate-tier"] == "large" and headers["x-tiergate-escalated-from"] == "small"
+        assert f"cascade small -> large: predicted_gain {gain:+.3f} > {GAIN_ESCALATE:+.3f} from the prefill" in \
+            headers["x-tiergate-reasons"]
+        assert text == plain["large"][0] and (usage.prompt_tokens, usage.completion_tokens) == plain["large"][1:]
+        cg.settled()
+        assert cg.used_tokens() - before == sum(plain["large"][1:]) + plain["small"][1] + 1
+    headers, _ = _ask(client, "up-gain")
+    assert headers["x-tiergate-tier"] == "up"
+    assert "cascade off on up: the gain model reads a prompt hidden state of 64 values, the tier gives none" in \
+        headers["x-tiergate-reasons"]
 
 
 def test_an_answer_shorter_than_k_is_judged_on_what_it_has(cg, client):

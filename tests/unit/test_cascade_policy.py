@@ -94,3 +94,50 @@ def test_gate_is_not_armed_on_its_target_or_where_the_signal_is_missing():
     assert not gate.arm("up", frozenset({"mean_logprob"}))      # an upstream gives no entropy
     assert ctx.reasons == ["cascade off on up: it gives no per-token entropy here"]
     assert gate.arm("small", BOTH)
+
+
+def _gain_gate(threshold: float, text_gain: float = 0.05):
+    from policies.gain_model import GainModel, PrefillWeights
+    ctx = RequestContext("r", "chat")
+    model = GainModel(0.0, {}, prefill=PrefillWeights("m", (0.5, -0.25, 0.0)))
+    cfg = CascadeConfig(to="large", signal="predicted_gain", threshold=threshold, tokens=8)
+    return CascadeGate(cfg, ctx, lambda tier: None, model, text_gain), ctx
+
+
+def test_predicted_gain_is_judged_on_the_prefill_with_the_first_token():
+    """The text's part plus the prefill weights on the prompt hidden state, decided when the first
+    token arrives (tokens is 1 whatever the config said): above the threshold, escalated."""
+    gate, ctx = _gain_gate(threshold=0.2)
+    assert gate.cfg.tokens == 1 and gate.wants_prompt_hidden and not gate.wants_entropy
+    assert gate.arm("small", BOTH, prompt_hidden_size=3)
+    with pytest.raises(Escalate) as info:
+        gate.observe([-0.1], [], False, prompt_hidden=[1.0, 0.4, 7.0])     # 0.05 + 0.5 - 0.1 = 0.45
+    assert info.value.verdict.score == pytest.approx(-0.45) and info.value.verdict.tokens == 1
+    assert ctx.reasons == ["cascade small -> large: predicted_gain +0.450 > +0.200 from the prefill"]
+    gate, ctx = _gain_gate(threshold=0.2)
+    gate.arm("small", BOTH, prompt_hidden_size=3)
+    gate.observe([-0.1], [], False, prompt_hidden=[0.0, 0.4, 0.0])          # 0.05 - 0.1 = -0.05
+    assert not ctx.cascade.escalated
+    assert ctx.reasons == ["cascade kept small: predicted_gain -0.050 <= +0.200 from the prefill"]
+
+
+def test_predicted_gain_needs_a_tier_whose_hidden_state_the_model_reads():
+    gate, ctx = _gain_gate(threshold=0.2)
+    assert not gate.arm("other", BOTH, prompt_hidden_size=4)
+    assert not gate.arm("up", frozenset({"mean_logprob"}), prompt_hidden_size=None)
+    assert ctx.reasons == ["cascade off on other: the gain model reads a prompt hidden state of 3 values, "
+                           "the tier gives 4",
+                           "cascade off on up: the gain model reads a prompt hidden state of 3 values, "
+                           "the tier gives none"]
+    gate.arm("small", BOTH, prompt_hidden_size=3)
+    gate.observe([-0.1], [], False, prompt_hidden=None)       # the tier sent none after all: kept
+    assert not ctx.cascade.escalated and ctx.reasons[-1].startswith("cascade kept small: no prompt hidden state")
+    with pytest.raises(ValueError, match="gain model with a prefill part"):
+        CascadeGate(CascadeConfig(to="large", signal="predicted_gain", threshold=0.1), ctx, lambda t: None)
+
+
+@pytest.mark.parametrize("threshold,gain,escalate", [(0.1, 0.11, True), (0.1, 0.1, False), (0.1, -0.5, False)])
+def test_should_escalate_on_predicted_gain(threshold, gain, escalate):
+    from policies.cascade import gain_confidence
+    cfg = CascadeConfig(to="large", signal="predicted_gain", threshold=threshold)
+    assert should_escalate(cfg, gain_confidence(gain)) is escalate

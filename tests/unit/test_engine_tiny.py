@@ -110,6 +110,44 @@ def test_a_shared_prefix_hits_the_cache_and_changes_nothing(tiny):
     _assert_no_leak(engine)
 
 
+def _contiguous_last_hidden(loaded, ids: list[int]) -> torch.Tensor:
+    from engines.attention.contiguous import ContiguousAttention
+    model = loaded.model
+    attn = ContiguousAttention(model.config, len(ids), model.dtype, "cpu")
+    attn.begin_step(0, len(ids))
+    return model(torch.tensor(ids), torch.arange(len(ids)), attn)[-1]
+
+
+def test_prompt_hidden_comes_with_the_first_token_only_chunked_cached_or_batched(tiny):
+    """What a router reads from the prefill: the last prompt token's final hidden state, equal to
+    a plain forward over the prompt, whether the prefill was chunked (90 tokens, 64 a step), ran
+    beside other requests, or started from a cached prefix; later deltas and requests that did
+    not ask carry none."""
+    rng = random.Random(11)
+    shared = [rng.randrange(3, TINY_VOCAB) for _ in range(50)]
+    prompts = {"long": [rng.randrange(3, TINY_VOCAB) for _ in range(90)], "short": [7, 8, 9],
+               "first": shared + [5, 6], "cached": shared + [9, 10, 11]}
+    engine = _engine(tiny)
+    asked = SamplingParams(max_tokens=4, temperature=0, prompt_hidden=True)
+    engine.generate([prompts["first"]], SamplingParams(max_tokens=2, temperature=0))
+    for name in ("long", "short", "cached"):
+        engine.add_request(name, prompts[name], asked)
+    engine.add_request("plain", [4, 5, 6], SamplingParams(max_tokens=4, temperature=0))
+    deltas: dict[str, list] = {}
+    while engine.has_unfinished():
+        for out in engine.step():
+            deltas.setdefault(out.request_id, []).append(out)
+    assert deltas["cached"][0].cached_tokens == 48
+    for name in ("long", "short", "cached"):
+        first, *rest = deltas[name]
+        expected = _contiguous_last_hidden(tiny, prompts[name])
+        assert first.prompt_hidden is not None and len(first.prompt_hidden) == tiny.config.hidden_size
+        torch.testing.assert_close(torch.tensor(first.prompt_hidden), expected, atol=1e-4, rtol=1e-4)
+        assert rest and all(d.prompt_hidden is None for d in rest)
+    assert all(d.prompt_hidden is None for d in deltas["plain"])
+    _assert_no_leak(engine)
+
+
 async def test_async_streams_equal_the_engine_and_step_off_the_loop(tiny, reference):
     """Concurrent streams give each prompt's tokens alone; during a step the event loop still
     runs (checked by a callback the step waits for, not by counting ticks in a time span)."""

@@ -10,7 +10,7 @@ import pytest
 
 from policies.classify import Classifier, RequestFeatures
 from policies.config import ConfigError, load_config, parse_config
-from policies.gain_model import (BUNDLED_DIR, FORMAT, GainModel, GainModelError, load_gain_model,
+from policies.gain_model import (BUNDLED_DIR, FORMAT, GainModel, GainModelError, PrefillWeights, load_gain_model,
                                  resolve_gain_model_path)
 from policies.prompt_features import FEATURES_VERSION, MAX_WORDS, prompt_features, prompt_vector
 from policies.request_signals import code_signal
@@ -67,6 +67,50 @@ def test_round_trip_through_json_keeps_every_weight(tmp_path):
     path = tmp_path / "m.json"
     path.write_text(json.dumps(model.to_json()))
     assert load_gain_model(path) == model
+
+
+def test_a_prefill_part_round_trips_and_adds_its_dot_product(tmp_path):
+    model = GainModel(0.1, {"w:python": 0.2}, "s", "l", {}, PrefillWeights("smollm2", (0.5, -1.0)))
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps(model.to_json()))
+    loaded = load_gain_model(path)
+    assert loaded == model and loaded.reads_prefill
+    assert loaded.predict_with_prefill(0.1, [2.0, 0.5]) == pytest.approx(0.1 + 1.0 - 0.5)
+    with pytest.raises(GainModelError, match="hidden state of 3 values; the gain model reads 2"):
+        loaded.predict_with_prefill(0.1, [1.0, 2.0, 3.0])
+    assert not GainModel(0.0, {}).reads_prefill
+
+
+@pytest.mark.parametrize("prefill", [{"weights": []}, {"weights": [1.0, float("inf")]}, {"weights": "1,2"}, [1.0]])
+def test_a_broken_prefill_part_is_refused(prefill):
+    with pytest.raises(GainModelError, match="prefill part"):
+        GainModel.from_json(_model_json({}, prefill=prefill))
+
+
+PREFILL_CONFIG = """
+tiers:
+  small: {}
+  large: {}
+models:
+  auto: {chain: [small], cascade: {to: large, signal: predicted_gain, threshold: 0.1}}
+classification:
+  gain_model: {file: GAIN}
+"""
+
+
+def test_a_predicted_gain_cascade_needs_a_model_that_reads_the_prefill_and_large_gain_one_that_does_not(tmp_path):
+    (tmp_path / "text.json").write_text(json.dumps(_model_json({"w:python": 0.3})))
+    (tmp_path / "prefill.json").write_text(json.dumps(_model_json({}, prefill={"model": "m", "weights": [0.1]})))
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(PREFILL_CONFIG.replace("GAIN", "prefill.json"))
+    loaded = load_config(cfg)
+    assert Classifier(loaded.classification).gain_threshold is None     # no large_gain from a partial prediction
+    cfg.write_text(PREFILL_CONFIG.replace("GAIN", "text.json"))
+    with pytest.raises(ConfigError, match=r"models\.auto\.cascade: signal predicted_gain needs"):
+        load_config(cfg)
+    cfg.write_text(CONFIG.replace("GAIN", "prefill.json"))
+    with pytest.raises(ConfigError, match="large_gain needs classification.gain_model with a text-only model"):
+        load_config(cfg)
 
 
 def test_names_resolve_to_bundled_files_and_paths_to_the_config_folder(tmp_path):
