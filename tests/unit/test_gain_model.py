@@ -171,16 +171,15 @@ def test_a_missing_or_broken_gain_model_fails_the_config_with_its_field(tmp_path
         load_config(cfg_path)
 
 
-def test_the_default_config_sends_code_and_other_languages_to_large_and_stories_to_small():
-    """What the bundled model learned from both tiers' scores: the coder model's domains (code,
-    languages other than English) above the default's threshold, creative writing below it."""
+def test_the_bundled_model_reads_smollm2s_prefill_and_the_default_cascades_on_it():
+    """Its decisions on real prompts need the small model's prefill: tests/integration/
+    test_default_routing.py makes them through `tiergate serve`."""
     root = BUNDLED_DIR.parents[1]
     cfg = load_config(root / "config" / "default.yaml")
-    classifier, router = Classifier(cfg.classification), Router(cfg.models, cfg.routing.rules)
-    assert classifier.gain_model.trained["labels"] >= 1000
-    for text, tier in [("How do I configure nginx as a reverse proxy for a nodejs app?", "large"),
-                       ("Write a Python function that parses a CSV file and returns a list of dicts.", "large"),
-                       ("¿Cuál es la mejor manera de aprender a programar?", "large"),
-                       ("Write a short story about a dragon who learns to dance.", "small")]:
-        verdict = classifier.classify(_features(classifier.predict_gain(text, code_signal(text))))
-        assert router.route("local", "interactive", "auto", verdict.profile, verdict.needs).chain[0] == tier, text
+    model = cfg.classification.gain_model.model
+    assert model.reads_prefill and model.prefill.size == 576 and model.trained["labels"] >= 2000
+    cascades = {r.name: r.cascade for r in cfg.routing.rules if r.cascade is not None}
+    assert set(cascades) == {"latency", "throughput"}
+    for cascade in cascades.values():
+        assert cascade.signal == "predicted_gain"
+        assert cascade.threshold == pytest.approx(model.trained["threshold_at_share"], abs=5e-4)

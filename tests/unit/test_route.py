@@ -24,12 +24,13 @@ def test_default_config_routes_each_profile(default_router, profile, chain):
     assert decision.chain == chain and decision.reason == f"route {profile}"
 
 
-def test_default_config_sends_predicted_gains_to_the_larger_tier_and_pins_the_concrete_model(default_router):
-    gain = default_router.route("local", "interactive", "auto", "latency", frozenset({"large_gain", "code"}))
-    assert gain.chain == ("large", "small") and gain.reason == "route large-gain: needs large_gain"
-    # the detectors' verdicts alone are features of the learned router, not rules of the default
-    code = default_router.route("local", "interactive", "auto", "throughput", frozenset({"code"}))
-    assert code.chain == ("small", "large") and code.reason == "route throughput"
+def test_default_config_cascades_on_predicted_gain_and_pins_the_concrete_model(default_router):
+    for profile in ("latency", "throughput"):
+        decision = default_router.route("local", "interactive", "auto", profile, frozenset({"code"}))
+        # the detectors' verdicts alone are features of the learned router, not rules of the default
+        assert decision.reason == f"route {profile}"
+        assert (decision.cascade.to, decision.cascade.signal, decision.cascade.tokens) == ("large", "predicted_gain", 1)
+    assert default_router.route("local", "interactive", "auto", "memory").cascade is None
     tools = default_router.route("local", "interactive", "auto", "throughput", frozenset({"tools"}))
     assert tools.chain == ("large", "small") and tools.reason == "route tools: needs tools"
     pinned = default_router.route("local", "interactive", "smollm2-135m-instruct", "latency", frozenset({"code"}))
