@@ -33,9 +33,11 @@ log = logging.getLogger(__name__)
 # Bucket boundaries recommended by the GenAI semantic conventions.
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
 TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
-# The cascade's confidence (policies.cascade.confidence: a mean logprob, or a mean entropy negated,
-# in nats): at or below 0, higher is surer.
-CONFIDENCE_BUCKETS = (-8.0, -6.0, -4.0, -3.0, -2.5, -2.0, -1.5, -1.0, -0.75, -0.5, -0.25, -0.1, 0.0)
+# The cascade's confidence (policies.cascade: a mean logprob, a mean entropy negated, in nats, or
+# a predicted gain negated, in bits per byte): higher is surer. The first two lie in [-8, 0], the
+# last mostly in [-0.5, 0.25] around thresholds near -0.15: finer steps there.
+CONFIDENCE_BUCKETS = (-8.0, -6.0, -4.0, -3.0, -2.5, -2.0, -1.5, -1.0, -0.75, -0.5, -0.3, -0.25, -0.2, -0.15, -0.1,
+                      -0.05, 0.0, 0.05, 0.1, 0.25)
 DURATION_BUCKETS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92)
 REQUEST_LABELS = ("tier", "profile", "tenant_class")
 BREAKER_STATES = ("closed", "open", "half_open")
@@ -68,7 +70,8 @@ class GatewayMetrics:
                                          "first tokens: kept (it answers) or escalated (the `to` tier answers)",
                                          ("from_tier", "to_tier", "outcome"), registry=r)
         self.cascade_confidence = Histogram("tiergate_cascade_confidence", "Confidence of the first tokens "
-                                            "judged by a cascade (mean logprob, or mean entropy negated)",
+                                            "judged by a cascade (mean logprob, mean entropy negated, or "
+                                            "predicted gain negated)",
                                             ("from_tier", "signal"), buckets=CONFIDENCE_BUCKETS, registry=r)
         self.tier_skips = Counter("tiergate_tier_skips", "Tiers of a request's chain passed over, by reason "
                                   "(capability: the request needs what the tier lacks, e.g. tools; not_ready, "

@@ -151,7 +151,9 @@ def test_an_upstream_stream_is_not_judged_but_its_whole_answer_is(client):
 def test_decisions_and_confidence_in_metrics(cg, client):
     _ask(client, "keep")
     _ask(client, "escalate")
+    _ask(client, "escalate-gain")
     text = httpx.get(f"{cg.base}/metrics").text
+    assert 'tiergate_cascade_confidence_bucket{from_tier="small",le="-0.15",signal="predicted_gain"}' in text
     assert 'tiergate_cascade_decisions_total{from_tier="small",outcome="kept",to_tier="large"}' in text
     assert 'tiergate_cascade_decisions_total{from_tier="small",outcome="escalated",to_tier="large"}' in text
     assert 'tiergate_cascade_confidence_bucket{from_tier="small",le="0.0",signal="mean_logprob"}' in text
