@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 
 from gateway.cli.usage_error import UsageError
+from policies.cascade import PER_TOKEN_SIGNALS
 
 
 def add_bench_parsers(bench_sub) -> None:
@@ -141,7 +142,7 @@ def add_bench_parsers(bench_sub) -> None:
     routing.add_argument("--large", default="qwen", help="large tier's model (source name or path)")
     routing.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     routing.add_argument("--probe-tokens", type=int, default=8, help="K: the cascade's held-back tokens")
-    routing.add_argument("--signal", choices=["mean_logprob", "mean_entropy"], default="mean_logprob",
+    routing.add_argument("--signal", choices=list(PER_TOKEN_SIGNALS), default="mean_logprob",
                          help="the cascade's confidence signal")
     routing.add_argument("--max-prompt-tokens", type=int, default=512, help="skip longer templated prompts "
                                                                             "(small tier's tokens)")

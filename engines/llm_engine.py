@@ -176,7 +176,10 @@ class LLMEngine:
         """Every sampling entry's new tokens: plain entries sampled (first, all in one call),
         then entries with drafts verified against the target's rows."""
         plain, verified, groups, row = [], [], [], 0
+        hidden_rows: dict[int, int] = {}     # id(entry) -> its first logit row, for prompt_hidden
         for s in sampling:
+            if s.seq.params.prompt_hidden and not s.seq.output_ids:
+                hidden_rows[id(s)] = row
             if s.draft_ids:
                 verified.append(s)
                 groups.append(SpecGroup(s.seq, row, s.draft_ids, s.draft_probs))
@@ -186,25 +189,14 @@ class LLMEngine:
         picked = self._sample(plain, logits) if plain else []
         if groups:
             picked += self._verify(verified, groups, logits)
-        return self._with_prompt_hidden(sampling, picked)
+        return self._with_prompt_hidden(picked, hidden_rows) if hidden_rows else picked
 
-    def _with_prompt_hidden(self, sampling: list[ScheduledSeq], picked: list[_Picked]) -> list[_Picked]:
+    def _with_prompt_hidden(self, picked: list[_Picked], rows: dict[int, int]) -> list[_Picked]:
         """A first token's entry gets its prompt's hidden state when its request asked for it:
         the entry's first logit row, which a prefill computes whether or not a prefix was cached."""
-        wanted = {id(s): row for s, row in self._first_rows(sampling)
-                  if s.seq.params.prompt_hidden and not s.seq.output_ids}
-        if not wanted:
-            return picked
         hidden = self.runner.logit_hidden
-        return [p._replace(prompt_hidden=hidden[wanted[id(p.entry)]].float().tolist()) if id(p.entry) in wanted else p
+        return [p._replace(prompt_hidden=hidden[rows[id(p.entry)]].float().tolist()) if id(p.entry) in rows else p
                 for p in picked]
-
-    @staticmethod
-    def _first_rows(sampling: list[ScheduledSeq]):
-        row = 0
-        for s in sampling:
-            yield s, row
-            row += s.num_rows
 
     def _sample(self, plain: list[tuple[ScheduledSeq, int]], logits: torch.Tensor) -> list[_Picked]:
         rows = [r for _, r in plain]

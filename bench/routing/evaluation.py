@@ -84,8 +84,8 @@ def evaluate_routers(rows: list[PromptMeasurement], small_cost: TierCost, large_
         f"{probe_tokens} greedy tokens falls short of the threshold"), signal=signal, tokens=probe_tokens,
         min_share=rules_cascade[0].share)
     learned = all(r.predicted_gain is not None for r in rows)
+    predicted = np.array([r.predicted_gain for r in rows]) if learned else None
     if learned and gain_reads_prefill:
-        predicted = np.array([r.predicted_gain for r in rows])
         prefill_wasted = small_cost.probe(prompt_tokens, np.ones(len(rows)))
         gain_sweep = threshold_sweep(table, -predicted, "predicted_gain", wasted_cost=prefill_wasted)
         tiergate_entry = _sweep_entry(table, gain_sweep, share, description=(
@@ -98,7 +98,6 @@ def evaluate_routers(rows: list[PromptMeasurement], small_cost: TierCost, large_
             tiergate_entry["at_config_threshold"] = evaluate(table, escalated, np.where(escalated, prefill_wasted, 0.0),
                                                              threshold=gain_threshold).as_dict()
     elif learned:
-        predicted = np.array([r.predicted_gain for r in rows])
         gain_sweep = score_curve(table, predicted)
         tiergate_entry = _sweep_entry(table, gain_sweep, share, description=(
             "the learned gain model (policies/gain_model.py): prompts whose predicted gain is at or above the "

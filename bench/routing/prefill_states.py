@@ -11,24 +11,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from bench.routing.scoring import encode_prompt
-from engines.attention.contiguous import ContiguousAttention
+from bench.routing.scoring import encode_prompt, final_hidden
 
 
-@torch.inference_mode()
 def prompt_hidden_state(loaded, question: str) -> np.ndarray:
     """The loaded model's final hidden state at the last token of the chat-templated question."""
-    ids = encode_prompt(loaded, question)
-    model = loaded.model
-    device = model.embed_tokens.weight.device
-    attn = ContiguousAttention(model.config, len(ids), model.dtype, device)
-    attn.begin_step(0, len(ids))
-    hidden = model(torch.tensor(ids, device=device), torch.arange(len(ids), device=device), attn)
-    return hidden[-1].float().cpu().numpy().astype(np.float64)
+    return final_hidden(loaded.model, encode_prompt(loaded, question))[-1].float().cpu().numpy().astype(np.float64)
 
 
 def _read_cache(path: Path | None, identity: str) -> dict[int, np.ndarray]:

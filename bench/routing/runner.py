@@ -81,8 +81,7 @@ def _probe_all(loaded, prompts: list[RoutingPrompt], console: Console, tokens: i
 def _predicted_gain(gain, question: str, code: str | None, small: ExchangeScore) -> float | None:
     if gain is None:
         return None
-    text_part = gain.predict(question, code)
-    return gain.predict_with_prefill(text_part, small.prompt_hidden) if gain.reads_prefill else text_part
+    return gain.predict_with_prefill(gain.predict(question, code), small.prompt_hidden)
 
 
 def _measure_speeds(small, large, prompts: list[RoutingPrompt], options: RoutingOptions,

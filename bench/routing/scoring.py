@@ -57,6 +57,15 @@ def score_question(loaded, question: str, reference: str, *, prompt_logprobs: bo
 
 
 @torch.inference_mode()
+def final_hidden(model, ids: list[int]) -> torch.Tensor:
+    """One forward over `ids` from position 0 (contiguous attention): every row's final hidden state."""
+    device = model.embed_tokens.weight.device
+    attn = ContiguousAttention(model.config, len(ids), model.dtype, device)
+    attn.begin_step(0, len(ids))
+    return model(torch.tensor(ids, device=device), torch.arange(len(ids), device=device), attn)
+
+
+@torch.inference_mode()
 def score_exchange(model, prompt_ids: list[int], answer_ids: list[int], answer_bytes: int, *,
                    prompt_logprobs: bool = False) -> ExchangeScore:
     if not prompt_ids or not answer_ids or answer_bytes <= 0:
@@ -64,9 +73,7 @@ def score_exchange(model, prompt_ids: list[int], answer_ids: list[int], answer_b
     ids = prompt_ids + answer_ids
     n_prompt = len(prompt_ids)
     device = model.embed_tokens.weight.device
-    attn = ContiguousAttention(model.config, len(ids), model.dtype, device)
-    attn.begin_step(0, len(ids))
-    hidden = model(torch.tensor(ids, device=device), torch.arange(len(ids), device=device), attn)
+    hidden = final_hidden(model, ids)
     # Row r predicts token r + 1; only the rows whose prediction is wanted get logits (the LM
     # head over a 150k vocabulary costs as much as the rest of a small model).
     first_row = 0 if prompt_logprobs else n_prompt - 1

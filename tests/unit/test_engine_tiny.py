@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from bench.routing.scoring import final_hidden
 from engines.async_engine import AsyncEngine
 from engines.engine_config import EngineConfig
 from engines.kv_cache import KVPool
@@ -110,14 +111,6 @@ def test_a_shared_prefix_hits_the_cache_and_changes_nothing(tiny):
     _assert_no_leak(engine)
 
 
-def _contiguous_last_hidden(loaded, ids: list[int]) -> torch.Tensor:
-    from engines.attention.contiguous import ContiguousAttention
-    model = loaded.model
-    attn = ContiguousAttention(model.config, len(ids), model.dtype, "cpu")
-    attn.begin_step(0, len(ids))
-    return model(torch.tensor(ids), torch.arange(len(ids)), attn)[-1]
-
-
 def test_prompt_hidden_comes_with_the_first_token_only_chunked_cached_or_batched(tiny):
     """What a router reads from the prefill: the last prompt token's final hidden state, equal to
     a plain forward over the prompt, whether the prefill was chunked (90 tokens, 64 a step), ran
@@ -140,7 +133,7 @@ def test_prompt_hidden_comes_with_the_first_token_only_chunked_cached_or_batched
     assert deltas["cached"][0].cached_tokens == 48
     for name in ("long", "short", "cached"):
         first, *rest = deltas[name]
-        expected = _contiguous_last_hidden(tiny, prompts[name])
+        expected = final_hidden(tiny.model, prompts[name])[-1]
         assert first.prompt_hidden is not None and len(first.prompt_hidden) == tiny.config.hidden_size
         torch.testing.assert_close(torch.tensor(first.prompt_hidden), expected, atol=1e-4, rtol=1e-4)
         assert rest and all(d.prompt_hidden is None for d in rest)
