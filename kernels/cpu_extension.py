@@ -20,9 +20,11 @@ from types import ModuleType
 log = logging.getLogger(__name__)
 
 _SOURCES = ("vector_math.cpp", "attention_fp32.cpp", "attention_bf16.cpp", "paged_attention.cpp", "kv_int8.cpp",
-            "kv_fp8.cpp", "kv_int4.cpp", "kv_attention.cpp", "fp8_linear.cpp", "elementwise.cpp")
+            "kv_fp8.cpp", "kv_int4.cpp", "kv_attention.cpp", "fp8_linear.cpp", "elementwise.cpp",
+            "int8_linear.cpp")
 _FUNCTIONS = ("paged_attention", "write_kv", "paged_attention_quantized", "write_kv_int8", "write_kv_fp8",
-              "write_kv_int4", "fp8_linear", "fp8_to_bf16", "add_rms_norm", "silu_mul")
+              "write_kv_int4", "fp8_linear", "fp8_to_bf16", "add_rms_norm", "silu_mul",
+              "quantize_rows_int8", "w8a8_linear")
 
 
 def _build_fingerprint() -> str:

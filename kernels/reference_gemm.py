@@ -53,3 +53,25 @@ def fp8_linear_ref(x: torch.Tensor, qweight: torch.Tensor, weight_scale: torch.T
     q, scales = quantize_rows_fp8_ref(flat)
     y = (q.float() @ qweight.float().t()) * scales[:, None] * weight_scale.float()[None, :]
     return _finish(y, bias, x).view(*x.shape[:-1], qweight.shape[0])
+
+
+def quantize_rows_int8_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row dynamic symmetric int8: q = round(x * 127 / amax), scale = amax / 127 (a row of
+    zeros gets scale 1). The C++ kernel computes the same values in the same order."""
+    xf = x.float()
+    amax = xf.abs().amax(dim=-1)
+    zero = amax == 0
+    inv = torch.where(zero, torch.zeros_like(amax), 127.0 / torch.where(zero, torch.ones_like(amax), amax))
+    q = torch.round(xf * inv[:, None]).clamp(-127, 127).to(torch.int8)
+    return q, torch.where(zero, torch.ones_like(amax), amax / 127.0)
+
+
+def w8a8_linear_ref(x: torch.Tensor, qweight: torch.Tensor, col_scale: torch.Tensor,
+                    bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [M, K] quantized per row to int8, times int8 qweight [N, K]^T, scaled back by row and
+    column scales. The products are summed in float64, exact for any K a model has (|sum| <
+    K * 127^2 < 2^53), so this equals an int32 GEMM."""
+    q, row_scale = quantize_rows_int8_ref(x)
+    acc = (q.double() @ qweight.double().t()).float()
+    y = acc * (row_scale[:, None] * col_scale.float()[None, :])
+    return _finish(y, bias, x)

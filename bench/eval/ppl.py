@@ -26,7 +26,7 @@ from bench.eval.heldout import HELDOUT_START, VALIDATION_START, heldout_sequence
 from engines.quantization.build import quantize_loaded
 from engines.quantization.gguf_int4 import install_gguf_int4
 
-DEFAULT_VARIANTS = ("fp32", "bf16", "int8", "int4-rtn-g64", "int4-rtn-g128", "int4-awq-g64", "int4-awq-g128", "fp8",
+DEFAULT_VARIANTS = ("fp32", "bf16", "int8", "w8a8", "int4-rtn-g64", "int4-rtn-g128", "int4-awq-g64", "int4-awq-g128", "fp8",
                     "kv-bf16", "kv-int8", "kv-fp8", "kv-int4")
 # Selectable with --quant, left out of the default run: GPTQ (7 more minutes, not better than AWQ on
 # SmolLM2), and for a GGUF with Q4_K tensors (--model qwen) INT4 as loaded: the file's own Q4_K

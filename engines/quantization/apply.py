@@ -11,6 +11,7 @@ from engines.quantization.fp8 import Fp8Linear
 from engines.quantization.int4 import Int4Linear
 from engines.quantization.int8 import Int8Linear
 from engines.quantization.methods import LAYER_METHODS
+from engines.quantization.w8a8 import W8A8Linear
 
 
 def quantized_linear(method: str, layer: Linear, group_size: int) -> nn.Module:
@@ -21,6 +22,8 @@ def quantized_linear(method: str, layer: Linear, group_size: int) -> nn.Module:
         return Int4Linear(layer.weight, layer.bias, group_size)
     if method == "fp8":
         return Fp8Linear(layer.weight, layer.bias)
+    if method == "w8a8":
+        return W8A8Linear(layer.weight, layer.bias)
     raise ValueError(f"unknown quantization method {method!r}; choose one of {LAYER_METHODS}")
 
 

@@ -22,11 +22,12 @@ from engines.model.layers import Linear
 from engines.quantization.fp8 import Fp8Linear
 from engines.quantization.int4 import Int4Linear, unpack_nibbles
 from engines.quantization.int8 import Int8Linear
+from engines.quantization.w8a8 import W8A8Linear
 
 QCONFIG_NAME = "quantization_config.json"
 FORMAT_VERSION = 1
-_QUANTIZED = (Int8Linear, Int4Linear, Fp8Linear)
-_KIND_OF = {Int8Linear: "int8", Int4Linear: "int4", Fp8Linear: "fp8"}
+_QUANTIZED = (Int8Linear, Int4Linear, Fp8Linear, W8A8Linear)
+_KIND_OF = {Int8Linear: "int8", Int4Linear: "int4", Fp8Linear: "fp8", W8A8Linear: "w8a8"}
 
 
 def is_quantized_dir(path: Path) -> bool:
@@ -96,6 +97,8 @@ def load_artifact_into(model: LlamaForCausalLM, path: Path, keep_portable: bool 
                              in_features=old.in_features)
             if not keep_portable:
                 new.portable = None  # the CPU op serves from its own pack: no second copy
+        elif kind == "w8a8":
+            new = W8A8Linear(None, bias, q=tensors[f"{name}.qweight"], scales=tensors[f"{name}.scales"])
         elif kind == "fp8":
             new = Fp8Linear(None, bias, q=tensors[f"{name}.qweight"], scales=tensors[f"{name}.weight_scale"])
         else:

@@ -17,7 +17,7 @@ from engines.quantization.methods import ARTIFACT_METHODS, CALIBRATED_METHODS, e
 # Part of the cache key and the artifact's config: bump a method's version whenever its algorithm
 # changes, so an artifact an older version built is never reused (AWQ 2: the Gram-matrix searches;
 # int4-gguf 2: Q4_1 tensors load as stored too).
-ALGORITHM_VERSIONS = {"int8": 1, "int4-rtn": 1, "int4-awq": 2, "int4-gptq": 1, "fp8": 1, "int4-gguf": 2}
+ALGORITHM_VERSIONS = {"int8": 1, "int4-rtn": 1, "int4-awq": 2, "int4-gptq": 1, "fp8": 1, "int4-gguf": 2, "w8a8": 1}
 AWQ_CALIBRATION = {"n": 16, "max_tokens": 256}
 # GPTQ fits each layer to its calibration inputs: with 16 x 256 tokens it over-fits them (its error on
 # other text was ~3x its error on the calibration text), so it reads more text than AWQ.

@@ -68,7 +68,7 @@ def test_int4_pads_inputs_that_groups_do_not_divide():
     assert (got - want).abs().max() < 0.02 * want.abs().max()
 
 
-@pytest.mark.parametrize("method", ["int8", "int4-rtn", "fp8"])
+@pytest.mark.parametrize("method", ["int8", "int4-rtn", "fp8", "w8a8"])
 def test_quantized_tiny_model_stays_close(tmp_path, method):
     from engines.attention.contiguous import ContiguousAttention
     from engines.loaded_model import load_model
@@ -189,7 +189,7 @@ def test_awq_on_tiny_model_keeps_it_close(tmp_path):
     assert (a - b).abs().mean() < 0.1 * a.abs().mean()
 
 
-@pytest.mark.parametrize("method", ["int8", "int4-rtn", "int4-awq", "fp8"])
+@pytest.mark.parametrize("method", ["int8", "int4-rtn", "int4-awq", "fp8", "w8a8"])
 def test_artifact_round_trip_gives_identical_logits(tmp_path, method):
     """Saved and reloaded, a quantized model computes exactly what it did in memory."""
     from engines.attention.contiguous import ContiguousAttention

@@ -1,0 +1,55 @@
+"""W8A8: INT8 weights (symmetric, one scale per output channel, the same values as weight-only
+INT8) and INT8 activations quantized per token at run time, multiplied in int32.
+
+On a CPU with AVX-512 VNNI an int8 GEMM does four multiply-adds where fp32 does one, so this
+is the fastest dense format at the batch sizes a throughput tier runs (bench profile measures
+it against bf16 and fp32 per machine). The activation's scale is its row's own (per token), so
+a request's numbers do not depend on the other rows of the batch. The C++ kernel
+(kernels/cpu/int8_linear.cpp) does quantize, GEMM (oneDNN, at::_int_mm) and rescale in one
+call; elsewhere the torch reference computes the same quantization. Off the CPU the integer
+product runs as a bf16 GEMM of the int8 values (exact products, fp32 sums), since only the CPU
+kernel is written for this format.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from engines.quantization.int8 import quantize_int8
+from kernels.cpu_extension import load_cpu_kernels
+from kernels.reference_gemm import quantize_rows_int8_ref, w8a8_linear_ref
+
+
+class W8A8Linear(nn.Module):
+    def __init__(self, weight: torch.Tensor | None, bias: torch.Tensor | None,
+                 q: torch.Tensor | None = None, scales: torch.Tensor | None = None):
+        super().__init__()
+        if q is None:
+            q, scales = quantize_int8(weight)
+        self.out_features, self.in_features = q.shape
+        self.register_buffer("qweight", q.contiguous())
+        self.register_buffer("scales", scales.float().contiguous())
+        self.bias = None if bias is None else nn.Parameter(bias.detach().float().clone(), requires_grad=False)
+
+    @property
+    def portable(self) -> dict[str, torch.Tensor]:
+        return {"qweight": self.qweight, "scales": self.scales}
+
+    def dequantized(self) -> torch.Tensor:
+        return self.qweight.float() * self.scales[:, None]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        flat = x.reshape(-1, shape[-1])
+        native = load_cpu_kernels() if x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16) else None
+        if native is not None:
+            out = native.w8a8_linear(flat, self.qweight, self.scales, self.bias)
+        elif x.device.type == "cpu":
+            out = w8a8_linear_ref(flat, self.qweight, self.scales, self.bias)
+        else:
+            q, row_scale = quantize_rows_int8_ref(flat)
+            acc = (q.to(torch.bfloat16) @ self.qweight.to(torch.bfloat16).t()).float()
+            out = acc * (row_scale[:, None] * self.scales[None, :])
+            out = (out if self.bias is None else out + self.bias).to(x.dtype)
+        return out.view(*shape[:-1], self.out_features)
