@@ -94,6 +94,11 @@ class AsyncEngine:
         return self.engine.stats
 
     @property
+    def front(self) -> LLMEngine:
+        """What the gateway reads before submitting (limits, tokenizer, request checks)."""
+        return self.engine
+
+    @property
     def dead(self) -> bool:
         """Declared dead after repeated step failures (or an error outside a step)."""
         return self._dead

@@ -20,7 +20,7 @@ from engines.allocator import keep_freed_memory
 from engines.block_manager import BlockManager
 from engines.detokenizer import IncrementalDetokenizer
 from engines.engine_config import EngineConfig
-from engines.errors import ContextLengthError, KVCapacityError
+from engines.request_limits import RequestLimits
 from engines.grammar import GrammarCompiler, GrammarState
 from engines.kv_cache import KVPool
 from engines.loaded_model import LoadedModel, parse_dtype
@@ -72,6 +72,8 @@ class LLMEngine:
         self.identity = identity or f"{loaded.path.name}|w={loaded.dtype}|q={loaded.quantization}|kv={kv_dtype}"
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching, self.identity)
         self.headroom_blocks = max(1, int(num_blocks * config.headroom_fraction))
+        self.limits = RequestLimits(cfg.vocab_size, self.max_model_len, config.block_size,
+                                    num_blocks - self.headroom_blocks)
         self.runner = ModelRunner(loaded.model, self.pool)
         self.sampler = Sampler(config.seed)
         self.tokenizer = loaded.tokenizer
@@ -110,26 +112,14 @@ class LLMEngine:
 
     def check_request(self, prompt_ids: list[int], params: SamplingParams) -> None:
         """Checks that need no engine state: safe to call from any thread."""
-        params.validate()
-        if not prompt_ids:
-            raise InvalidRequestError("the prompt is empty", "prompt")
-        vocab = self.loaded.config.vocab_size
-        if min(prompt_ids) < 0 or max(prompt_ids) >= vocab:
-            raise InvalidRequestError(f"prompt token ids must lie in [0, {vocab})", "prompt")
-        total = len(prompt_ids) + params.max_tokens
-        if total > self.max_model_len:
-            raise ContextLengthError(
-                f"prompt ({len(prompt_ids)} tokens) plus max_tokens ({params.max_tokens}) exceeds the "
-                f"context length {self.max_model_len}", "max_tokens")
-        if self.block_manager.blocks_needed(total) > self.block_manager.num_blocks - self.headroom_blocks:
-            raise KVCapacityError(
-                f"prompt plus max_tokens ({total} tokens) exceeds this tier's KV cache capacity", "max_tokens")
+        self.limits.check(prompt_ids, params)
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
         req = self._requests.get(request_id)
         if req is None:
             return None
         self._finish(req, "abort")
+        self._refresh_gauges()       # no step may follow to do it: the blocks were freed now
         return req.delta([], None, finished=True)
 
     def has_unfinished(self) -> bool:
@@ -278,14 +268,18 @@ class LLMEngine:
         st.last_step_ms = elapsed * 1000
         st.total_step_s += elapsed
         st.preemptions = self.scheduler.num_preemptions
-        st.kv_blocks_used = bm.num_used_blocks
         st.prefix_queried_tokens = bm.prefix_queried_tokens
         st.prefix_hit_tokens = bm.prefix_hit_tokens
-        st.queue_depth = self.scheduler.num_waiting
-        st.running = len(self.scheduler.running)
+        self._refresh_gauges()
         running = self.scheduler.running
         st.kv_wasted_slot_steps += sum(len(s.block_table) * bm.block_size - s.num_tokens for s in running)
         st.kv_allocated_slot_steps += sum(len(s.block_table) for s in running) * bm.block_size
+
+    def _refresh_gauges(self) -> None:
+        st = self.stats
+        st.kv_blocks_used = self.block_manager.num_used_blocks
+        st.queue_depth = self.scheduler.num_waiting
+        st.running = len(self.scheduler.running)
 
     # ---- convenience ---------------------------------------------------------------
     def shutdown(self) -> None:

@@ -16,6 +16,10 @@ class InvalidRequestError(ValueError):
         super().__init__(message)
         self.param = param
 
+    def __reduce__(self):
+        # Pickled whole (type, message, param) when it crosses to the gateway from an engine process.
+        return type(self), (self.args[0], self.param)
+
 
 SEED_MIN, SEED_MAX = -(1 << 63), (1 << 64) - 1      # what torch.Generator.manual_seed takes
 

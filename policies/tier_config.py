@@ -86,6 +86,11 @@ class EmbeddedTierConfig(_TierBase):
         None, ge=1, le=256, description="CPU threads of this tier's engine (its OpenMP team); None: every core. "
                                         "1 keeps a batch-1 tier on one core: there it runs faster than two threads "
                                         "that wake each other per op, and leaves the other cores to the rest")
+    engine_processes: int = Field(
+        0, ge=0, le=64, description="0: the engine steps in a thread of the gateway's process. N: N engine processes, "
+                                    "each a whole engine (weights, KV pool) running `threads` threads, the tier's "
+                                    "requests spread over them: no GIL shared with the gateway, and on a small CPU "
+                                    "N one-thread engines outrun one engine whose threads wake each other per op")
     max_in_flight: int | None = Field(
         None, gt=0, description="above this many calls open to the tier, routing passes it over for the next "
                                 "tier of the chain; when every tier left is busy, the first busy one takes it")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
 import hashlib
 import logging
@@ -22,6 +23,8 @@ import uuid
 from collections.abc import AsyncIterator
 
 from engines.async_engine import AsyncEngine
+from engines.engine_process import ProcessEngine
+from engines.grammar import GrammarCompiler
 from engines.errors import EngineDeadError, EngineFault, ModelLoadError, StepFailedError
 from engines.llm_engine import LLMEngine
 from engines.loaded_model import LoadedModel
@@ -41,7 +44,7 @@ from gateway.openai_format import (
 from gateway.schema import ChatCompletionRequest
 from gateway.tiers.base import ALL_TOKEN_SIGNALS, Tier, TierAnswer, TierCall, TierFailure
 from gateway.tiers.embedded_jobs import Job, check_supported, engine_jobs, render_prompts
-from gateway.tiers.embedded_load import build_engine
+from gateway.tiers.embedded_load import build_engine, build_worker_engine, load_tier_model
 from gateway.tiers.embedded_tools import ToolChunks, apply_tool_calls
 from gateway.tool_plan import tool_plan
 from gateway.tiers.engine_restart import EngineRestarter, RestartPolicy
@@ -72,17 +75,17 @@ class EmbeddedTier(Tier):
     async def start(self) -> None:
         started = time.perf_counter()
         try:
-            llm, self.notes = await asyncio.to_thread(build_engine, self.name, self.config, self.calibration)
+            built, self.notes = await asyncio.to_thread(self._build)
         except (ModelLoadError, ValueError, OSError, RuntimeError) as exc:
             self.state, self.error = "failed", str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             log.error("tier %s failed to load: %s", self.name, self.error)
             return
         self._loop = asyncio.get_running_loop()
-        self._install(llm)
-        tok = llm.loaded.tokenizer
+        self._install(built)
+        tok = self.loaded.tokenizer
         self.pieces = TokenPieces(tok)
         self.tokenizer_key = hashlib.sha1(
-            (tok.backend.to_str() + llm.loaded.chat_template.source).encode()).hexdigest()
+            (tok.backend.to_str() + self.loaded.chat_template.source).encode()).hexdigest()
         self.load_seconds = time.perf_counter() - started
         gc.collect()
         gc.freeze()    # the model's objects live as long as the process: keep them out of GC scans
@@ -96,13 +99,33 @@ class EmbeddedTier(Tier):
         if self.engine is not None:
             await asyncio.to_thread(self.engine.shutdown)
 
-    def _install(self, llm: LLMEngine) -> None:
-        self.engine = AsyncEngine(llm, on_dead=self._engine_died, threads=self.config.threads)
-        self.loaded = llm.loaded
-        self._engine_config, self._engine_identity = llm.config, llm.identity
+    def _build(self) -> tuple[LLMEngine | ProcessEngine, list[str]]:
+        """The tier's engine as at start (runs in a worker thread): in this process, or in
+        `engine_processes` processes on the weights and dtype chosen here."""
+        if not self.config.engine_processes:
+            return build_engine(self.name, self.config, self.calibration)
+        loaded, notes = load_tier_model(self.name, self.config, self.calibration)
+        self.loaded = loaded
+        return self._processes(), notes
+
+    def _processes(self) -> ProcessEngine:
+        loaded = self.loaded
+        build = functools.partial(build_worker_engine, self.name, self.config, str(loaded.path),
+                                  str(loaded.dtype).removeprefix("torch."))
+        return ProcessEngine(build, GrammarCompiler(loaded.tokenizer, loaded.config.vocab_size),
+                             tokenizer=loaded.tokenizer, workers=self.config.engine_processes,
+                             threads=self.config.threads, on_dead=self._engine_died)
+
+    def _install(self, built: LLMEngine | ProcessEngine) -> None:
+        if isinstance(built, ProcessEngine):
+            self.engine = built
+            return
+        self.engine = AsyncEngine(built, on_dead=self._engine_died, threads=self.config.threads)
+        self.loaded = built.loaded
+        self._engine_config, self._engine_identity = built.config, built.identity
 
     # ---- restarts -------------------------------------------------------------------
-    def _engine_died(self, engine: AsyncEngine) -> None:
+    def _engine_died(self, engine: AsyncEngine | ProcessEngine) -> None:
         """From the engine thread: the tier is unusable already (it reads engine.dead); the
         restart itself is started on the event loop."""
         if self._loop is None:
@@ -112,34 +135,39 @@ class EmbeddedTier(Tier):
         except RuntimeError:     # the loop has closed: the process is shutting down
             pass
 
-    def _begin_restart(self, engine: AsyncEngine) -> None:
+    def _begin_restart(self, engine: AsyncEngine | ProcessEngine) -> None:
         if self._closing or engine is not self.engine:
             return
         self.state = "restarting"
         self.engine = None
-        engine.engine.shutdown()     # its grammar compiler's worker thread (the engine thread has ended)
+        # Its grammar compiler's worker thread (the engine thread, or its processes, have ended).
+        (engine.grammars if isinstance(engine, ProcessEngine) else engine.engine).shutdown()
         # The dead engine's KV pool must be freed before a new one is allocated. Start-up froze
         # the heap, and frozen objects in reference cycles are never collected: unfreeze here,
         # collect before the rebuild, freeze again once the new engine is in.
         gc.unfreeze()
         self.restarter.start()
 
-    def _rebuild(self) -> LLMEngine:
+    def _rebuild(self) -> LLMEngine | ProcessEngine:
         """A new engine on the weights already loaded; failing that, the whole tier as at start.
         Runs in a worker thread."""
         gc.collect()
         try:
+            if self.config.engine_processes:
+                return self._processes()
             return LLMEngine(self.loaded, self._engine_config, self._engine_identity)
         except Exception as exc:  # noqa: BLE001 - the slow path below may still work
             log.warning("tier %s: cannot rebuild the engine on the loaded weights (%s); loading the tier again",
                         self.name, exc)
-        llm, self.notes = build_engine(self.name, self.config, self.calibration)
-        return llm
+        built, self.notes = self._build()
+        return built
 
-    def _restarted(self, llm: LLMEngine) -> None:
+    def _restarted(self, built: LLMEngine | ProcessEngine) -> None:
         if self._closing:
+            if isinstance(built, ProcessEngine):
+                built.shutdown()
             return
-        self._install(llm)
+        self._install(built)
         self.state, self.error = "ready", None
         gc.collect()
         gc.freeze()
@@ -156,7 +184,7 @@ class EmbeddedTier(Tier):
 
     @property
     def context_length(self) -> int | None:
-        return self.engine.engine.max_model_len if self.engine else self.config.max_model_len
+        return self.engine.front.max_model_len if self.engine else self.config.max_model_len
 
     def token_signals(self, stream: bool) -> frozenset[str]:
         return ALL_TOKEN_SIGNALS       # the engine's sampler gives logprobs and entropies either way
@@ -202,7 +230,7 @@ class EmbeddedTier(Tier):
         if self.engine is None:
             raise TierFailure(f"tier {self.name} is not loaded")
         check_supported(call.body)
-        return engine_jobs(call, self._prompt_ids(call), self.engine.engine)
+        return engine_jobs(call, self._prompt_ids(call), self.engine.front)
 
     @staticmethod
     def _scope(call: TierCall) -> tuple[str | None, int]:

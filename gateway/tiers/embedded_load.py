@@ -13,7 +13,7 @@ from engines.engine_config import EngineConfig
 from engines.errors import ModelLoadError
 from engines.llm_engine import LLMEngine
 from engines.dtype_choice import choose_dtype
-from engines.loaded_model import load_model, resolve_checkpoint_dir, resolve_device
+from engines.loaded_model import LoadedModel, load_model, resolve_checkpoint_dir, resolve_device
 from engines.loaders.hf_checkpoint import open_hf_checkpoint
 from engines.quantization.artifact_cache import ensure_quantized
 from engines.quantization.calibration import CalibrationSource
@@ -25,7 +25,8 @@ log = logging.getLogger(__name__)
 # Tier settings the gateway acts on itself: which weights to load and where, how the tier is named
 # and admitted. Every other field of EmbeddedTierConfig is an EngineConfig field, passed on as is.
 TIER_ONLY_FIELDS = frozenset({"kind", "model", "served_name", "dtype", "device", "quantization",
-                              "quant_group_size", "max_in_flight", "capabilities", "threads"})
+                              "quant_group_size", "max_in_flight", "capabilities", "threads",
+                              "engine_processes"})
 # YAML name -> engine name, where they differ: the YAML takes a size with its unit ("512MiB").
 ENGINE_FIELD_NAMES = {"kv_cache_memory": "kv_cache_memory_bytes"}
 
@@ -67,12 +68,17 @@ def engine_config(cfg: EmbeddedTierConfig, kv_cache_dtype: str | None,
     return EngineConfig(**values, kv_cache_dtype=kv_cache_dtype, speculative=speculative)
 
 
-def build_engine(name: str, cfg: EmbeddedTierConfig,
-                 calibration: CalibrationSource | None = None) -> tuple[LLMEngine, list[str]]:
+def load_tier_model(name: str, cfg: EmbeddedTierConfig,
+                    calibration: CalibrationSource | None = None) -> tuple[LoadedModel, list[str]]:
+    """The tier's weights as its settings ask (quantized artifact built or found, dtype measured)."""
     notes: list[str] = []
     source = _weights_source(name, cfg, calibration, notes)
     dtype = measured_dtype(name, cfg, source) if cfg.dtype == "auto" else cfg.dtype
-    loaded = load_model(source, dtype, device=cfg.device)
+    return load_model(source, dtype, device=cfg.device), notes
+
+
+def engine_on(name: str, cfg: EmbeddedTierConfig, loaded: LoadedModel, notes: list[str]) -> LLMEngine:
+    """The tier's engine on loaded weights; without its KV dtype (noted) when that cannot be built."""
     spec = None if cfg.speculative is None else speculative_config(cfg.speculative)
 
     def make(kv_dtype: str | None) -> LLMEngine:
@@ -80,12 +86,23 @@ def build_engine(name: str, cfg: EmbeddedTierConfig,
 
     kv = cfg.kv_cache_dtype
     try:
-        engine = make(kv)
+        return make(kv)
     except (ModelLoadError, ValueError, KeyError, NotImplementedError, TypeError) as exc:
         if kv is None:
             raise
-        notes.append(f"{kv} KV cache ({exc}): KV in {dtype}")
-        log.warning("tier %s: cannot build a %s KV cache (%s); KV stays %s",
-                    name, kv, exc, dtype)
-        engine = make(None)
-    return engine, notes
+        notes.append(f"{kv} KV cache ({exc}): KV in {loaded.dtype}")
+        log.warning("tier %s: cannot build a %s KV cache (%s); KV stays %s", name, kv, exc, loaded.dtype)
+        return make(None)
+
+
+def build_engine(name: str, cfg: EmbeddedTierConfig,
+                 calibration: CalibrationSource | None = None) -> tuple[LLMEngine, list[str]]:
+    loaded, notes = load_tier_model(name, cfg, calibration)
+    return engine_on(name, cfg, loaded, notes), notes
+
+
+def build_worker_engine(name: str, cfg: EmbeddedTierConfig, source: str, dtype: str) -> LLMEngine:
+    """In an engine process (engines/engine_process.py): the tier's engine on the weights the
+    gateway's process chose already (the quantized artifact it found or built, the dtype it
+    measured), so that every worker runs the same model without measuring again."""
+    return engine_on(name, cfg, load_model(source, dtype, device=cfg.device), [])

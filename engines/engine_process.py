@@ -1,0 +1,412 @@
+"""Engine cores in processes of their own, with the AsyncEngine's face for the gateway.
+
+In one process the gateway's event loop and an engine thread share one GIL, and an engine that
+uses both cores of a small machine pays OpenMP's wake-ups on every op of a step (its workers
+sleep between ops, since spinning ones starve the event loop). Several engine processes of one
+thread each avoid both: no GIL shared with the gateway, no team to wake, and the requests of a
+tier spread over them (measured in docs/BENCHMARKS.md). This is vLLM V1's and SGLang's shape:
+the HTTP side validates and streams, the engine core only steps.
+
+Each worker process builds its engine from a picklable recipe (`build`, a module-level callable),
+then loops: apply the commands that came in (add, abort, shut down), step, send the step's
+outputs and the engine's counters in one message. Constrained requests' grammars are compiled in
+the worker's reader thread, never in the stepping one. The parent validates every request
+against the limits the workers reported before sending it, routes it to the worker with the
+fewest requests in flight, and hands each worker's per-step outputs to the waiting event loops
+in one callback per loop, as AsyncEngine does.
+
+Faults: a step that raises fails its own requests (StepFailedError) and the worker goes on;
+`max_step_failures` in a row, or a worker process that exits, makes the whole engine dead:
+every waiter gets EngineDeadError, and `on_dead` tells the owner, who may build a new one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing
+import os
+import queue
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, fields
+
+from engines.errors import EngineDeadError, ModelLoadError, StepFailedError
+from engines.grammar import GrammarCompiler
+from engines.request_limits import RequestLimits
+from engines.request_output import RequestOutput
+from engines.sampling_params import SamplingParams
+from engines.stats import EngineStats
+
+log = logging.getLogger(__name__)
+
+MAX_STEP_FAILURES = 3
+START_TIMEOUT_S = 600.0
+_STEP_FAILED = "the engine failed while computing this request"
+_DEAD = "the engine stopped after repeated failures"
+_EXITED = "an engine process exited"
+_SHUT_DOWN = "the engine was shut down"
+
+
+@dataclass(frozen=True)
+class WorkerReady:
+    limits: RequestLimits
+    threads: int
+    pid: int
+
+
+# ---- worker process ---------------------------------------------------------------------------
+def _worker_main(build: Callable[[], object], threads: int | None, commands, outputs,
+                 max_step_failures: int) -> None:
+    """The worker process: build the engine, then step until told to stop or the parent goes."""
+    import torch
+
+    if threads is not None:
+        torch.set_num_threads(threads)      # a process of its own: the process-wide setter is right
+    send_lock = threading.Lock()
+
+    def send(message) -> None:
+        with send_lock:
+            outputs.send(message)
+
+    try:
+        engine = build()
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent, which fails the tier
+        send(("failed", f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"))
+        return
+    send(("ready", WorkerReady(engine.limits, torch.get_num_threads(), os.getpid()), engine.stats))
+    inbox: queue.SimpleQueue = queue.SimpleQueue()
+    wake = threading.Event()
+
+    def read() -> None:
+        while True:
+            try:
+                message = commands.recv()
+            except (EOFError, OSError):            # the parent is gone
+                message = ("shutdown",)
+            if message[0] == "add" and message[3].grammar is not None:
+                try:        # compiled here, off the stepping thread (cached by digest)
+                    message = (*message, engine.grammars.new_state(message[3].grammar))
+                except Exception as exc:  # noqa: BLE001 - the request fails alone
+                    send(("error", message[1], exc))
+                    continue
+            inbox.put(message)
+            wake.set()
+            if message[0] == "shutdown":
+                return
+
+    threading.Thread(target=read, name="tiergate-engine-commands", daemon=True).start()
+    failures_in_a_row = 0
+    while True:
+        aborted: list[RequestOutput] = []
+        while True:
+            try:
+                message = inbox.get_nowait()
+            except queue.Empty:
+                break
+            kind = message[0]
+            if kind == "shutdown":
+                engine.shutdown()
+                return
+            if kind == "abort":
+                out = engine.abort_request(message[1])
+                if out is not None:
+                    aborted.append(out)
+                continue
+            _, request_id, prompt_ids, params, scope, priority, *grammar = message
+            try:
+                engine.add_request(request_id, prompt_ids, params, scope, priority, grammar[0] if grammar else None)
+            except Exception as exc:  # noqa: BLE001 - a bad request fails alone
+                send(("error", request_id, exc))
+        if aborted:
+            send(("out", aborted, engine.stats))
+        if not engine.has_unfinished():
+            wake.wait(timeout=0.5)
+            wake.clear()
+            continue
+        try:
+            step_outputs = engine.step()
+        except Exception:  # noqa: BLE001 - contained: only that step's requests fail
+            failures_in_a_row += 1
+            failed = engine.step_request_ids
+            log.exception("engine step failed (%d in a row); dropping %d request(s)", failures_in_a_row, len(failed))
+            for request_id in failed:
+                engine.abort_request(request_id)
+            dead = failures_in_a_row >= max_step_failures
+            send(("step_failed", list(failed), dead, engine.stats))
+            if dead:
+                return
+            continue
+        failures_in_a_row = 0
+        send(("out", step_outputs, engine.stats))
+
+
+# ---- parent side ------------------------------------------------------------------------------
+class _Worker:
+    def __init__(self, index: int, process, commands, outputs):
+        self.index = index
+        self.process = process
+        self.commands = commands
+        self.outputs = outputs
+        self.in_flight = 0
+        self.stats = EngineStats()
+        self.send_lock = threading.Lock()
+
+    def send(self, message) -> None:
+        with self.send_lock:
+            self.commands.send(message)
+
+
+class ProcessEngine:
+    """`workers` engine processes, each built by `build()` and running `threads` CPU threads."""
+
+    def __init__(self, build: Callable[[], object], grammars: GrammarCompiler, *, tokenizer=None, workers: int = 1,
+                 threads: int | None = None, max_step_failures: int = MAX_STEP_FAILURES,
+                 on_dead: Callable[[ProcessEngine], None] | None = None, start_timeout_s: float = START_TIMEOUT_S):
+        if workers < 1:
+            raise ValueError("workers must be at least 1")
+        self.grammars = grammars         # the parent's compiler: refuses a bad grammar before it is sent
+        self.tokenizer = tokenizer       # the model's, for the gateway's own use (rendering, grammars)
+        self.on_dead = on_dead
+        self.step_failures = 0
+        self._lock = threading.Lock()
+        self._sinks: dict[str, tuple[asyncio.Queue, asyncio.AbstractEventLoop, _Worker]] = {}
+        self._stopped: str | None = None
+        self._dead = False
+        context = multiprocessing.get_context("spawn")   # never fork a process holding torch's threads
+        self._workers: list[_Worker] = []
+        for index in range(workers):
+            cmd_read, cmd_write = context.Pipe(duplex=False)
+            out_read, out_write = context.Pipe(duplex=False)
+            process = context.Process(target=_worker_main, name=f"tiergate-engine-{index}", daemon=True,
+                                      args=(build, threads, cmd_read, out_write, max_step_failures))
+            process.start()
+            cmd_read.close()
+            out_write.close()
+            self._workers.append(_Worker(index, process, cmd_write, out_read))
+        try:
+            readies = [self._await_ready(w, start_timeout_s) for w in self._workers]
+        except BaseException:
+            self._terminate()
+            raise
+        self.limits: RequestLimits = readies[0].limits
+        self.threads_in_use = readies[0].threads
+        self.pids = [r.pid for r in readies]
+        for worker in self._workers:
+            threading.Thread(target=self._read, args=(worker,), name=f"tiergate-engine-reader-{worker.index}",
+                             daemon=True).start()
+
+    @staticmethod
+    def _await_ready(worker: _Worker, timeout_s: float) -> WorkerReady:
+        deadline = time.monotonic() + timeout_s
+        while not worker.outputs.poll(0.5):
+            if not worker.process.is_alive():
+                raise ModelLoadError(f"engine process {worker.index} exited while loading "
+                                     f"(exit code {worker.process.exitcode})")
+            if time.monotonic() > deadline:
+                raise ModelLoadError(f"engine process {worker.index} did not load within {timeout_s:.0f} s")
+        message = worker.outputs.recv()
+        if message[0] != "ready":
+            raise ModelLoadError(f"engine process {worker.index} could not build its engine: {message[1]}")
+        worker.stats = message[2]
+        return message[1]
+
+    # ---- the AsyncEngine face ----------------------------------------------------------------
+    @property
+    def front(self) -> ProcessEngine:
+        """What the gateway reads before submitting: these limits, checked here, in this process."""
+        return self
+
+    @property
+    def max_model_len(self) -> int:
+        return self.limits.max_model_len
+
+    def check_request(self, prompt_ids: list[int], params: SamplingParams) -> None:
+        self.limits.check(prompt_ids, params)
+
+    @property
+    def workers(self) -> int:
+        return len(self._workers)
+
+    @property
+    def dead(self) -> bool:
+        return self._dead
+
+    @property
+    def stats(self) -> EngineStats:
+        """The workers' counters summed (the last step's time: the slowest worker's)."""
+        snapshots = [w.stats for w in self._workers]
+        if len(snapshots) == 1:
+            return snapshots[0]
+        total = EngineStats()
+        for f in fields(EngineStats):
+            if f.name == "spec":
+                continue
+            values = [getattr(s, f.name) for s in snapshots]
+            setattr(total, f.name, max(values) if f.name == "last_step_ms" else sum(values))
+        for s in snapshots:
+            for name, spec in s.spec.items():
+                mine = total.spec_source(name, spec.max_drafts)
+                for f in fields(spec):
+                    if f.name in ("source", "max_drafts"):
+                        continue
+                    value = getattr(spec, f.name)
+                    if f.name == "accepted_length_hist":
+                        hist = mine.accepted_length_hist
+                        hist.extend([0] * (len(value) - len(hist)))
+                        for i, count in enumerate(value):
+                            hist[i] += count
+                    else:
+                        setattr(mine, f.name, getattr(mine, f.name) + value)
+        return total
+
+    async def generate(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
+                       prefix_scope: str | None = None, priority: int = 0) -> AsyncIterator[RequestOutput]:
+        """As AsyncEngine.generate: deltas of one request; leaving the loop early aborts it."""
+        if self._stopped is not None:
+            raise EngineDeadError(self._stopped)
+        self.check_request(prompt_ids, params)
+        if params.grammar is not None:       # a bad or too slow grammar fails here, before it is sent
+            await self.grammars.state_for(params.grammar)
+        sink: asyncio.Queue = asyncio.Queue()
+        with self._lock:
+            if self._stopped is not None:
+                raise EngineDeadError(self._stopped)
+            if request_id in self._sinks:
+                from engines.sampling_params import InvalidRequestError
+                raise InvalidRequestError(f"request id {request_id!r} is already in flight")
+            worker = min(self._workers, key=lambda w: (w.in_flight, w.index))
+            worker.in_flight += 1
+            self._sinks[request_id] = (sink, asyncio.get_running_loop(), worker)
+        try:
+            worker.send(("add", request_id, list(prompt_ids), params, prefix_scope, priority))
+        except (OSError, ValueError):
+            self._release(request_id)
+            raise EngineDeadError(_EXITED) from None
+        finished = False
+        try:
+            while True:
+                item = await sink.get()
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+                if item.finished:
+                    finished = True
+                    return
+        finally:
+            if not finished:
+                self.abort(request_id)
+
+    def abort(self, request_id: str) -> None:
+        with self._lock:
+            entry = self._sinks.get(request_id)
+        if entry is not None:
+            try:
+                entry[2].send(("abort", request_id))
+            except (OSError, ValueError):
+                pass
+
+    def shutdown(self) -> None:
+        self._stop(_SHUT_DOWN)
+        for worker in self._workers:
+            try:
+                worker.send(("shutdown",))
+            except (OSError, ValueError):
+                pass
+        for worker in self._workers:
+            worker.process.join(timeout=30)
+        self._terminate()
+        self.grammars.shutdown()
+
+    # ---- reader threads ----------------------------------------------------------------------
+    def _read(self, worker: _Worker) -> None:
+        while True:
+            try:
+                message = worker.outputs.recv()
+            except (EOFError, OSError):
+                if self._stopped is None:
+                    log.error("engine process %d exited (exit code %s)", worker.index, worker.process.exitcode)
+                    self._declare_dead(_EXITED)
+                return
+            except Exception:  # noqa: BLE001 - an unreadable message: the worker's state is unknown
+                log.exception("engine process %d sent an unreadable message", worker.index)
+                self._declare_dead(_DEAD)
+                return
+            kind = message[0]
+            if kind == "out":
+                worker.stats = message[2]
+                self._deliver(message[1])
+            elif kind == "error":
+                self._fail(message[1], message[2])
+            elif kind == "step_failed":
+                _, failed, dead, worker.stats = message
+                self.step_failures += 1
+                if dead:
+                    self._declare_dead(_DEAD)
+                    return
+                for request_id in failed:
+                    self._fail(request_id, StepFailedError(_STEP_FAILED))
+
+    def _release(self, request_id: str):
+        with self._lock:
+            entry = self._sinks.pop(request_id, None)
+            if entry is not None:
+                entry[2].in_flight -= 1
+        return entry
+
+    def _deliver(self, outputs: list[RequestOutput]) -> None:
+        batches: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, RequestOutput]]] = {}
+        for out in outputs:
+            if out.finished:
+                entry = self._release(out.request_id)
+            else:
+                with self._lock:
+                    entry = self._sinks.get(out.request_id)
+            if entry is not None:
+                batches.setdefault(entry[1], []).append((entry[0], out))
+        for loop, items in batches.items():
+            _put_all(loop, items)
+
+    def _fail(self, request_id: str, error: BaseException) -> None:
+        entry = self._release(request_id)
+        if entry is not None:
+            _put_all(entry[1], [(entry[0], error)])
+
+    def _declare_dead(self, reason: str) -> None:
+        with self._lock:
+            if self._dead or self._stopped is not None:
+                return
+            self._dead = True
+        log.error("engine declared dead: %s", reason)
+        if self.on_dead is not None:
+            try:
+                self.on_dead(self)
+            except Exception:  # noqa: BLE001 - the owner's hook must not hide the failure
+                log.exception("on_dead hook failed")
+        self._stop(reason)
+        self._terminate()
+
+    def _stop(self, reason: str) -> None:
+        with self._lock:
+            if self._stopped is None:
+                self._stopped = reason
+            pending = list(self._sinks)
+        for request_id in pending:
+            self._fail(request_id, EngineDeadError(reason))
+
+    def _terminate(self) -> None:
+        for worker in self._workers:
+            if worker.process.is_alive():
+                worker.process.kill()
+                worker.process.join(timeout=10)
+
+
+def _put_all(loop: asyncio.AbstractEventLoop, items: list) -> None:
+    def put_all() -> None:
+        for sink, item in items:
+            sink.put_nowait(item)
+    try:
+        loop.call_soon_threadsafe(put_all)
+    except RuntimeError:        # the waiter's loop has closed: it is gone already
+        pass
