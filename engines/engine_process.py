@@ -42,6 +42,11 @@ from engines.stats import EngineStats
 log = logging.getLogger(__name__)
 
 MAX_STEP_FAILURES = 3
+# A prompt whose first tokens a worker saw lately goes back to that worker (its prefix cache holds
+# them) unless it has this many more requests in flight than the least busy worker.
+AFFINITY_SLACK = 4
+AFFINITY_TOKENS = 64            # the prompt's head that names its prefix
+AFFINITY_ENTRIES = 4096         # prefixes remembered (oldest forgotten first)
 START_TIMEOUT_S = 600.0
 _STEP_FAILED = "the engine failed while computing this request"
 _DEAD = "the engine stopped after repeated failures"
@@ -172,6 +177,7 @@ class ProcessEngine:
         self.step_failures = 0
         self._lock = threading.Lock()
         self._sinks: dict[str, tuple[asyncio.Queue, asyncio.AbstractEventLoop, _Worker]] = {}
+        self._affinity: dict[tuple, _Worker] = {}
         self._stopped: str | None = None
         self._dead = False
         context = multiprocessing.get_context("spawn")   # never fork a process holding torch's threads
@@ -276,7 +282,7 @@ class ProcessEngine:
             if request_id in self._sinks:
                 from engines.sampling_params import InvalidRequestError
                 raise InvalidRequestError(f"request id {request_id!r} is already in flight")
-            worker = min(self._workers, key=lambda w: (w.in_flight, w.index))
+            worker = self._choose(prefix_scope, prompt_ids)
             worker.in_flight += 1
             self._sinks[request_id] = (sink, asyncio.get_running_loop(), worker)
         try:
@@ -297,6 +303,20 @@ class ProcessEngine:
         finally:
             if not finished:
                 self.abort(request_id)
+
+    def _choose(self, prefix_scope: str | None, prompt_ids: list[int]) -> _Worker:
+        """The least busy worker, unless a worker that served this prompt's head lately (and
+        so holds its KV blocks) is no more than AFFINITY_SLACK requests busier. Under the lock."""
+        least = min(self._workers, key=lambda w: (w.in_flight, w.index))
+        if len(self._workers) == 1:
+            return least
+        key = (prefix_scope, tuple(prompt_ids[:AFFINITY_TOKENS]))
+        cached = self._affinity.pop(key, None)
+        worker = cached if cached is not None and cached.in_flight <= least.in_flight + AFFINITY_SLACK else least
+        self._affinity[key] = worker            # most recent last
+        if len(self._affinity) > AFFINITY_ENTRIES:
+            del self._affinity[next(iter(self._affinity))]
+        return worker
 
     def abort(self, request_id: str) -> None:
         with self._lock:

@@ -90,6 +90,24 @@ async def test_worker_processes_answer_as_the_in_process_engine(tiny_dir):
     assert all(not w.process.is_alive() for w in engine._workers)
 
 
+async def test_a_shared_prefix_goes_back_to_the_worker_that_cached_it(tiny_dir):
+    tier = _tier(tiny_dir, 2)
+    await tier.start()
+    try:
+        head = [7 + (i % 50) for i in range(80)]        # five full KV blocks in common
+        # Worker 0 busy: the first request goes to worker 1, whose cache then holds its head.
+        blocker = asyncio.create_task(tier.complete(_call("busy", PROMPTS[0], max_tokens=150, ignore_eos=True)))
+        await _until(lambda: tier.engine._sinks, "worker 0 busy")
+        first = await tier.complete(_call("a", head + [3, 4]))
+        assert first.usage.cached_tokens == 0
+        await blocker
+        # Both idle now: least-busy alone would pick worker 0 and miss the cache.
+        second = await tier.complete(_call("b", head + [5, 6]))
+        assert second.usage.cached_tokens == 80
+    finally:
+        await tier.close()
+
+
 async def test_limits_are_checked_here_and_aborts_free_the_workers_blocks(tiny_dir):
     tier = _tier(tiny_dir, 1)
     await tier.start()
