@@ -41,7 +41,11 @@ def ensure_quantized(source: str, method: str, group_size: int, cache_root: Path
     tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".tmp-"))
     try:
         quantize_to_dir(str(src_dir), method, group_size, tmp, calibration)
-        tmp.rename(target)
+        try:
+            tmp.rename(target)    # atomic: a concurrent start sees all of it or nothing
+        except OSError:
+            if not is_quantized_dir(target):   # else another process (a second gateway) built it first
+                raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target

@@ -311,6 +311,26 @@ def test_cached_artifact_is_rebuilt_when_the_algorithm_version_changes(tmp_path,
     assert second != first and json.loads((second / "quantization_config.json").read_text())["algorithm_version"] == 2
 
 
+def test_an_artifact_another_process_finished_first_is_used(tmp_path, monkeypatch):
+    """Two gateways starting together build the same artifact: the one that renames second
+    finds the first one's complete artifact and uses it, instead of failing its tier."""
+    import engines.quantization.artifact_cache as cache
+    from tests.tiny_models import write_tiny_checkpoint
+
+    write_tiny_checkpoint(tmp_path / "src", intermediate_size=128)
+    real_build = cache.quantize_to_dir
+    target = cache.artifact_dir(str(tmp_path / "src"), "int8", 128, tmp_path / "cache")
+
+    def build_while_another_finishes(source, method, group_size, out_dir, calibration=None):
+        real_build(source, method, group_size, target, calibration)      # the other process, done first
+        return real_build(source, method, group_size, out_dir, calibration)
+
+    monkeypatch.setattr(cache, "quantize_to_dir", build_while_another_finishes)
+    assert cache.ensure_quantized(str(tmp_path / "src"), "int8", 128, cache_root=tmp_path / "cache") == target
+    assert cache.is_quantized_dir(target)
+    assert [p.name for p in (tmp_path / "cache" / "quantized").iterdir()] == [target.name]   # no temp left
+
+
 def test_every_setting_of_a_method_is_part_of_its_cache_key(tmp_path, monkeypatch):
     from engines.quantization import build
     from engines.quantization.artifact_cache import artifact_dir
