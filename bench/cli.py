@@ -26,6 +26,10 @@ def add_bench_parsers(bench_sub) -> None:
     offline.add_argument("--max-num-seqs", type=int, default=128)
     offline.add_argument("--max-num-batched-tokens", type=int, default=2048)
     offline.add_argument("--kv-cache-mib", type=int, default=2048)
+    offline.add_argument("--engine-processes", type=int, default=0,
+                         help="run the engine in N worker processes (a tier's engine_processes), "
+                              "each with --max-num-seqs and --kv-cache-mib of its own; 0: in this process")
+    offline.add_argument("--threads", type=int, help="CPU threads of each engine process (default: torch's)")
     offline.add_argument("--report", dest="report_dir", help="also write DIR/report.md with PNG plots")
     offline.set_defaults(run=_reported("offline", _bench_offline))
     prefix = bench_sub.add_parser("prefix", help="time to first token, cold vs warm prefix cache")
@@ -236,7 +240,7 @@ def _bench_offline(args: argparse.Namespace) -> int:
     from bench.engine.offline import run_offline_bench
     sizes = [int(x) for x in args.hf_batch_sizes.split(",") if x]
     return run_offline_bench(args.json_out, args.num_requests, args.dtype, sizes, args.max_num_seqs,
-                             args.max_num_batched_tokens, args.kv_cache_mib)
+                             args.max_num_batched_tokens, args.kv_cache_mib, args.engine_processes, args.threads)
 
 
 def _bench_prefix(args: argparse.Namespace) -> int:

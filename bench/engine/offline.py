@@ -45,6 +45,14 @@ def run_engine_offline(engine: LLMEngine, requests: list[BenchRequest], progress
                 if out.finished:
                     bar.advance(task)
     elapsed = time.perf_counter() - started
+    out = summarise_run(requests, started, elapsed, first, last, counts)
+    out.update(engine_stats=engine.stats.as_dict(), kv_fragmentation=engine.stats.kv_fragmentation)
+    return out
+
+
+def summarise_run(requests: list[BenchRequest], started: float, elapsed: float, first: dict[str, float],
+                  last: dict[str, float], counts: dict[str, int]) -> dict:
+    """Throughput, TTFT and TPOT of one offline run from each request's first and last output time."""
     expected = {r.request_id: r.output_len for r in requests}
     if counts != expected:
         raise RuntimeError("the engine did not produce exactly the requested output lengths")
@@ -59,26 +67,34 @@ def run_engine_offline(engine: LLMEngine, requests: list[BenchRequest], progress
         "ttft_ms": percentiles(ttft),
         "tpot_ms": percentiles(tpot),
         "samples": {"ttft_ms": samples(ttft), "tpot_ms": samples(tpot)},
-        "engine_stats": engine.stats.as_dict(),
-        "kv_fragmentation": engine.stats.kv_fragmentation,
     }
 
 
 def run_offline_bench(json_out: str, num_requests: int, dtype: str, hf_batch_sizes: list[int],
-                      max_num_seqs: int, max_num_batched_tokens: int, kv_cache_mib: int) -> int:
+                      max_num_seqs: int, max_num_batched_tokens: int, kv_cache_mib: int,
+                      engine_processes: int = 0, threads: int | None = None) -> int:
     console = Console(stderr=True)
     loaded = load_model("default", dtype)
     requests = load_sharegpt_requests(loaded.tokenizer, loaded.chat_template, num_requests)
     config = EngineConfig(kv_cache_memory_bytes=kv_cache_mib * 2**20, max_num_seqs=max_num_seqs,
                           max_num_batched_tokens=max_num_batched_tokens)
-    engine = LLMEngine(loaded, config)
-    engine.generate([requests[0].prompt_ids], SamplingParams(max_tokens=2, temperature=0))  # warm-up
-    engine.block_manager.reset_prefix_cache()
-    engine.stats.__init__(kv_blocks_total=engine.stats.kv_blocks_total,
-                          kv_capacity_tokens=engine.stats.kv_capacity_tokens)
-    console.log(f"tiergate: {len(requests)} requests, {dtype}")
-    ours = run_engine_offline(engine, requests)
+    if engine_processes:
+        from bench.engine.offline_processes import run_in_engine_processes
+
+        console.log(f"tiergate: {len(requests)} requests, {dtype}, {engine_processes} engine processes "
+                    f"x {threads or 'default'} threads, at most {max_num_seqs} sequences each")
+        ours = run_in_engine_processes(loaded, requests, dtype, config, engine_processes, threads)
+    else:
+        engine = LLMEngine(loaded, config)
+        engine.generate([requests[0].prompt_ids], SamplingParams(max_tokens=2, temperature=0))  # warm-up
+        engine.block_manager.reset_prefix_cache()
+        engine.stats.__init__(kv_blocks_total=engine.stats.kv_blocks_total,
+                              kv_capacity_tokens=engine.stats.kv_capacity_tokens)
+        console.log(f"tiergate: {len(requests)} requests, {dtype}")
+        ours = run_engine_offline(engine, requests)
+        del engine
     ours["config"] = asdict(config)
+    ours["engine_processes"], ours["threads"] = engine_processes, threads
     report = {
         "benchmark": "offline",
         "machine": machine_info(),
@@ -90,7 +106,6 @@ def run_offline_bench(json_out: str, num_requests: int, dtype: str, hf_batch_siz
         },
         "tiergate": ours,
     }
-    del engine
     best = None
     for bs in hf_batch_sizes:
         console.log(f"transformers static batching, batch {bs}")
@@ -114,5 +129,6 @@ def run_offline_bench(json_out: str, num_requests: int, dtype: str, hf_batch_siz
     console.print(table)
     if best is not None:
         console.print(f"ratio vs best transformers: {report['ratio_tiergate_over_best_transformers']:.2f}x")
-    console.print(f"KV fragmentation {ours['kv_fragmentation'] * 100:.2f} %")
+    if "kv_fragmentation" in ours:
+        console.print(f"KV fragmentation {ours['kv_fragmentation'] * 100:.2f} %")
     return 0
