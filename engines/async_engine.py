@@ -125,14 +125,10 @@ class AsyncEngine:
         self._wakeup.set()
         finished = False
         try:
-            while True:
-                item = await sink.get()
-                if isinstance(item, BaseException):
-                    raise item
+            while not finished:
+                item = await next_delta(sink)
+                finished = item.finished
                 yield item
-                if item.finished:
-                    finished = True
-                    return
         finally:
             if not finished:
                 self.abort(request_id)
@@ -263,6 +259,14 @@ class AsyncEngine:
             except Exception:  # noqa: BLE001
                 pass
             self._fail(request_id, EngineDeadError(reason))
+
+
+async def next_delta(sink: asyncio.Queue) -> RequestOutput:
+    """A request's next delta from its queue; an error the engine put there instead is raised."""
+    item = await sink.get()
+    if isinstance(item, BaseException):
+        raise item
+    return item
 
 
 def _put_all(loop: asyncio.AbstractEventLoop, items: list[tuple[asyncio.Queue, RequestOutput]]) -> None:

@@ -32,6 +32,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, fields
 
+from engines.async_engine import next_delta
 from engines.errors import EngineDeadError, ModelLoadError, StepFailedError
 from engines.grammar import GrammarCompiler
 from engines.request_limits import RequestLimits
@@ -292,14 +293,10 @@ class ProcessEngine:
             raise EngineDeadError(_EXITED) from None
         finished = False
         try:
-            while True:
-                item = await sink.get()
-                if isinstance(item, BaseException):
-                    raise item
+            while not finished:
+                item = await next_delta(sink)
+                finished = item.finished
                 yield item
-                if item.finished:
-                    finished = True
-                    return
         finally:
             if not finished:
                 self.abort(request_id)

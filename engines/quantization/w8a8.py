@@ -16,28 +16,22 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from engines.quantization.int8 import quantize_int8
+from engines.quantization.int8 import Int8Linear
 from kernels.cpu_extension import load_cpu_kernels
 from kernels.reference_gemm import quantize_rows_int8_ref, w8a8_linear_ref
 
 
-class W8A8Linear(nn.Module):
+class W8A8Linear(Int8Linear):
+    """Weight-only INT8's stored form (and artifact tensors); only the product differs."""
+
     def __init__(self, weight: torch.Tensor | None, bias: torch.Tensor | None,
                  q: torch.Tensor | None = None, scales: torch.Tensor | None = None):
-        super().__init__()
-        if q is None:
-            q, scales = quantize_int8(weight)
-        self.out_features, self.in_features = q.shape
-        self.register_buffer("qweight", q.contiguous())
-        self.register_buffer("scales", scales.float().contiguous())
-        self.bias = None if bias is None else nn.Parameter(bias.detach().float().clone(), requires_grad=False)
-
-    @property
-    def portable(self) -> dict[str, torch.Tensor]:
-        return {"qweight": self.qweight, "scales": self.scales}
-
-    def dequantized(self) -> torch.Tensor:
-        return self.qweight.float() * self.scales[:, None]
+        super().__init__(weight, bias, q, scales)
+        # The rescale reads fp32 scales and bias (the scales' one bf16 rounding is the stored form).
+        self.qweight = self.qweight.contiguous()
+        self.scales = self.scales.float()
+        if self.bias is not None:
+            self.bias = nn.Parameter(self.bias.detach().float(), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
