@@ -157,11 +157,23 @@ class _Worker:
         self.outputs = outputs
         self.in_flight = 0
         self.stats = EngineStats()
-        self.send_lock = threading.Lock()
+        # Commands leave through a thread of their own: a pipe write blocks while the worker's
+        # reader is busy (compiling a grammar) and the pipe is full, and the event loop must not.
+        self._outbox: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self._send_loop, name=f"tiergate-engine-sender-{index}", daemon=True).start()
 
     def send(self, message) -> None:
-        with self.send_lock:
-            self.commands.send(message)
+        self._outbox.put(message)
+
+    def close(self) -> None:
+        self._outbox.put(None)
+
+    def _send_loop(self) -> None:
+        while (message := self._outbox.get()) is not None:
+            try:
+                self.commands.send(message)
+            except (OSError, ValueError):   # the worker is gone: its reader sees EOF and says so
+                return
 
 
 class ProcessEngine:
@@ -286,11 +298,7 @@ class ProcessEngine:
             worker = self._choose(prefix_scope, prompt_ids)
             worker.in_flight += 1
             self._sinks[request_id] = (sink, asyncio.get_running_loop(), worker)
-        try:
-            worker.send(("add", request_id, list(prompt_ids), params, prefix_scope, priority))
-        except (OSError, ValueError):
-            self._release(request_id)
-            raise EngineDeadError(_EXITED) from None
+        worker.send(("add", request_id, list(prompt_ids), params, prefix_scope, priority))
         finished = False
         try:
             while not finished:
@@ -319,18 +327,13 @@ class ProcessEngine:
         with self._lock:
             entry = self._sinks.get(request_id)
         if entry is not None:
-            try:
-                entry[2].send(("abort", request_id))
-            except (OSError, ValueError):
-                pass
+            entry[2].send(("abort", request_id))
 
     def shutdown(self) -> None:
         self._stop(_SHUT_DOWN)
         for worker in self._workers:
-            try:
-                worker.send(("shutdown",))
-            except (OSError, ValueError):
-                pass
+            worker.send(("shutdown",))
+            worker.close()
         for worker in self._workers:
             worker.process.join(timeout=30)
         self._terminate()
@@ -414,6 +417,7 @@ class ProcessEngine:
 
     def _terminate(self) -> None:
         for worker in self._workers:
+            worker.close()
             if worker.process.is_alive():
                 worker.process.kill()
                 worker.process.join(timeout=10)
