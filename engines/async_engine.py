@@ -94,6 +94,11 @@ class AsyncEngine:
         return self.engine.stats
 
     @property
+    def grammars(self):
+        """The engine's grammar compiler (its worker thread outlives a dead engine thread)."""
+        return self.engine.grammars
+
+    @property
     def front(self) -> LLMEngine:
         """What the gateway reads before submitting (limits, tokenizer, request checks)."""
         return self.engine

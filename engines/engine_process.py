@@ -37,7 +37,7 @@ from engines.errors import EngineDeadError, ModelLoadError, StepFailedError
 from engines.grammar import GrammarCompiler
 from engines.request_limits import RequestLimits
 from engines.request_output import RequestOutput
-from engines.sampling_params import SamplingParams
+from engines.sampling_params import InvalidRequestError, SamplingParams
 from engines.stats import EngineStats
 
 log = logging.getLogger(__name__)
@@ -293,7 +293,6 @@ class ProcessEngine:
             if self._stopped is not None:
                 raise EngineDeadError(self._stopped)
             if request_id in self._sinks:
-                from engines.sampling_params import InvalidRequestError
                 raise InvalidRequestError(f"request id {request_id!r} is already in flight")
             worker = self._choose(prefix_scope, prompt_ids)
             worker.in_flight += 1
@@ -377,13 +376,13 @@ class ProcessEngine:
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:
         batches: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, RequestOutput]]] = {}
-        for out in outputs:
-            if out.finished:
-                entry = self._release(out.request_id)
-            else:
-                with self._lock:
-                    entry = self._sinks.get(out.request_id)
-            if entry is not None:
+        with self._lock:        # once per step's message, not per output
+            for out in outputs:
+                entry = self._sinks.pop(out.request_id, None) if out.finished else self._sinks.get(out.request_id)
+                if entry is None:
+                    continue
+                if out.finished:
+                    entry[2].in_flight -= 1
                 batches.setdefault(entry[1], []).append((entry[0], out))
         for loop, items in batches.items():
             _put_all(loop, items)

@@ -6,9 +6,8 @@ is the fastest dense format at the batch sizes a throughput tier runs (bench pro
 it against bf16 and fp32 per machine). The activation's scale is its row's own (per token), so
 a request's numbers do not depend on the other rows of the batch. The C++ kernel
 (kernels/cpu/int8_linear.cpp) does quantize, GEMM (oneDNN, at::_int_mm) and rescale in one
-call; elsewhere the torch reference computes the same quantization. Off the CPU the integer
-product runs as a bf16 GEMM of the int8 values (exact products, fp32 sums), since only the CPU
-kernel is written for this format.
+call; elsewhere (no compiler, another device) the torch reference computes the same values,
+slowly: this format is written for CPUs, where FP8 or INT4 serve a GPU better.
 """
 
 from __future__ import annotations
@@ -18,7 +17,7 @@ from torch import nn
 
 from engines.quantization.int8 import Int8Linear
 from kernels.cpu_extension import load_cpu_kernels
-from kernels.reference_gemm import quantize_rows_int8_ref, w8a8_linear_ref
+from kernels.reference_gemm import w8a8_linear_ref
 
 
 class W8A8Linear(Int8Linear):
@@ -39,11 +38,6 @@ class W8A8Linear(Int8Linear):
         native = load_cpu_kernels() if x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16) else None
         if native is not None:
             out = native.w8a8_linear(flat, self.qweight, self.scales, self.bias)
-        elif x.device.type == "cpu":
-            out = w8a8_linear_ref(flat, self.qweight, self.scales, self.bias)
         else:
-            q, row_scale = quantize_rows_int8_ref(flat)
-            acc = (q.to(torch.bfloat16) @ self.qweight.to(torch.bfloat16).t()).float()
-            out = acc * (row_scale[:, None] * self.scales[None, :])
-            out = (out if self.bias is None else out + self.bias).to(x.dtype)
+            out = w8a8_linear_ref(flat, self.qweight, self.scales, self.bias)
         return out.view(*shape[:-1], self.out_features)

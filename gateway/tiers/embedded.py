@@ -141,7 +141,7 @@ class EmbeddedTier(Tier):
         self.state = "restarting"
         self.engine = None
         # Its grammar compiler's worker thread (the engine thread, or its processes, have ended).
-        (engine.grammars if isinstance(engine, ProcessEngine) else engine.engine).shutdown()
+        engine.grammars.shutdown()
         # The dead engine's KV pool must be freed before a new one is allocated. Start-up froze
         # the heap, and frozen objects in reference cycles are never collected: unfreeze here,
         # collect before the rebuild, freeze again once the new engine is in.
