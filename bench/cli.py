@@ -109,7 +109,8 @@ def add_bench_parsers(bench_sub) -> None:
     prof.add_argument("--batch-sizes", default="1,8,32,128")
     prof.add_argument("--model", default="default", help="'default', 'qwen', a .gguf file or an HF directory")
     prof.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
-    prof.add_argument("--quantization", choices=["int8", "w8a8", "int4-rtn", "int4-gguf", "fp8"],
+    prof.add_argument("--quantization", choices=["int8", "w8a8", "int4-rtn", "int4-gguf", "fp8", "w4a8",
+                                                  "w4a8-gguf"],
                       help="weights quantized in-process before profiling (default: unquantized)")
     prof.add_argument("--steps", type=int, default=16, help="decode steps timed per batch size")
     prof.add_argument("--max-prompt-tokens", type=int, default=256)

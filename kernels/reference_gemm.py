@@ -75,3 +75,44 @@ def w8a8_linear_ref(x: torch.Tensor, qweight: torch.Tensor, col_scale: torch.Ten
     acc = (q.double() @ qweight.double().t()).float()
     y = acc * (row_scale[:, None] * col_scale.float()[None, :])
     return _finish(y, bias, x)
+
+
+def quantize_blocks_q8_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per block of 32 along K: q = round(x * 127 / amax), d = amax / 127, s = d * sum(q) (the
+    C++ kernel's activation format). x [M, K] -> (int8 [M, K], fp32 [M, K/32], fp32 [M, K/32])."""
+    m, k = x.shape
+    xb = x.float().reshape(m, k // 32, 32)
+    amax = xb.abs().amax(dim=-1)
+    inv = torch.where(amax > 0, 127.0 / amax.clamp_min(1e-30), torch.zeros_like(amax))
+    q = torch.round(xb * inv[..., None]).clamp(-127, 127)
+    d = amax / 127.0
+    return q.to(torch.int8).reshape(m, k), d, d * q.sum(dim=-1)
+
+
+def _block_dots(x: torch.Tensor, wq: torch.Tensor, wd: torch.Tensor) -> torch.Tensor:
+    """sum over blocks of da * dw * dot(qa, qw), the integer dots exact in float64."""
+    qa, da, _ = quantize_blocks_q8_ref(x)
+    m, k = qa.shape
+    n = wq.shape[0]
+    dots = torch.einsum("mbi,nbi->mnb", qa.double().view(m, k // 32, 32), wq.double().view(n, k // 32, 32))
+    return (dots * (da.double()[:, None, :] * wd.double()[None, :, :])).sum(-1)
+
+
+def q4_block_linear_ref(x: torch.Tensor, nibbles: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor,
+                        bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [M, K] quantized per block of 32 to int8, times 4-bit blocks (nibbles [N, K/2]: per block,
+    elements 0..15 low, 16..31 high; w = scale * q + min). fp32 [M, N]."""
+    n, half = nibbles.shape
+    blocks = nibbles.view(n, half // 16, 16)
+    q = torch.cat([blocks & 15, blocks >> 4], dim=-1).reshape(n, half * 2)
+    _, _, sa = quantize_blocks_q8_ref(x)
+    y = _block_dots(x, q, scales) + sa.double() @ mins.double().t()
+    y = y.float()
+    return y if bias is None else y + bias.float()
+
+
+def q8_block_linear_ref(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
+                        bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [M, K] quantized per block of 32 to int8, times int8 blocks (w = scale * q). fp32 [M, N]."""
+    y = _block_dots(x, qweight, scales).float()
+    return y if bias is None else y + bias.float()

@@ -13,7 +13,7 @@ from policies.needs import DEFAULT_CAPABILITIES, Capability
 # What the engine accepts, restated here because policies never imports engines; each is defined
 # once on the engine's side and tests/unit/test_settings_agree.py holds the two equal.
 # engines.quantization.methods.ARTIFACT_METHODS
-QuantizationMethod = Literal["int8", "int4-rtn", "int4-awq", "int4-gptq", "fp8", "int4-gguf", "w8a8"]
+QuantizationMethod = Literal["int8", "int4-rtn", "int4-awq", "int4-gptq", "fp8", "int4-gguf", "w8a8", "w4a8", "w4a8-gguf"]
 # engines.quantization.methods.INT4_GROUP_SIZES
 Int4GroupSize = Literal[32, 64, 128, 256]
 # the keys of engines.kv_cache.KV_CACHE_DTYPES

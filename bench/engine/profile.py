@@ -38,6 +38,7 @@ from engines.loaded_model import load_model
 from engines.model.layers import RMSNorm
 from engines.model.llama import Attention, DecoderLayer
 from engines.model.rope import RotaryEmbedding
+from engines.quantization.methods import effective_group_size
 from engines.sampling_params import SamplingParams
 
 CATEGORIES = ("schedule", "prepare", "step_tensors", "gemm", "attention", "norm", "rope", "glue", "head",
@@ -149,7 +150,7 @@ def run_profile_bench(json_out: str, batch_sizes: list[int], model: str, dtype: 
     loaded = load_model(model, dtype)
     if quantization:
         from engines.quantization.build import quantize_loaded
-        quantize_loaded(loaded, quantization, 32 if quantization == "int4-gguf" else 64)
+        quantize_loaded(loaded, quantization, effective_group_size(quantization, 64))
     requests = load_sharegpt_requests(loaded.tokenizer, loaded.chat_template, max(batch_sizes), prompt_tokens, 128,
                                       seed=0)
     prompts = [r.prompt_ids for r in requests]

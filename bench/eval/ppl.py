@@ -31,7 +31,7 @@ DEFAULT_VARIANTS = ("fp32", "bf16", "int8", "w8a8", "int4-rtn-g64", "int4-rtn-g1
 # Selectable with --quant, left out of the default run: GPTQ (7 more minutes, not better than AWQ on
 # SmolLM2), and for a GGUF with Q4_K tensors (--model qwen) INT4 as loaded: the file's own Q4_K
 # nibbles, the other linears int8 (int4-gguf) or INT4 RTN g32 (int4-gguf-rtn).
-ALL_VARIANTS = (*DEFAULT_VARIANTS, "int4-gptq-g64", "int4-gptq-g128", "int4-gguf", "int4-gguf-rtn")
+ALL_VARIANTS = (*DEFAULT_VARIANTS, "int4-gptq-g64", "int4-gptq-g128", "int4-gguf", "int4-gguf-rtn", "w4a8-gguf")
 # KV variants: bf16 weights, logits computed through the paged KV pool of that dtype.
 KV_VARIANTS = {"kv-bf16": None, "kv-int8": "int8", "kv-fp8": "fp8", "kv-int4": "int4"}
 DECODE_BATCHES = (1, 8, 32)

@@ -67,14 +67,23 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = None if cfg.tie_word_embeddings else Linear(cfg.hidden_size, cfg.vocab_size, False, dtype)
         self.rope = RotaryEmbedding(cfg, dtype)
         self._tied_head: PackedWeight | None = None
+        # A block-quantized output head (quantization/w4a8.py) that replaces the tied or untied
+        # one, when the quantization method brings one.
+        self.quantized_head: nn.Module | None = None
 
     def pack_weights(self) -> None:
         """Prepack every GEMM weight once the checkpoint is loaded (see kernels/linear.py)."""
         for module in self.modules():
             if isinstance(module, Linear):
                 module.pack()
-        if self.lm_head is None:
+        if self.lm_head is None and self.quantized_head is None:
             self._tied_head = PackedWeight(self.embed_tokens.weight)
+
+    def set_quantized_head(self, head: nn.Module) -> None:
+        """Compute logits with `head` (a block-quantized head with `forward_float`): the packed
+        copy of a tied embedding is then dead weight, and goes."""
+        self.quantized_head = head
+        self._tied_head = None
 
     def share_embedding_with(self, other: LlamaForCausalLM) -> None:
         """Read token embeddings from `other`'s table, and when `other`'s head is tied to it,
@@ -102,6 +111,8 @@ class LlamaForCausalLM(nn.Module):
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits in fp32 for the rows that need sampling."""
+        if self.quantized_head is not None:
+            return self.quantized_head.forward_float(hidden)
         if self._tied_head is not None:
             logits = self._tied_head.linear(hidden)
         elif self.lm_head is None:

@@ -11,6 +11,8 @@ from engines.quantization.fp8 import Fp8Linear
 from engines.quantization.int4 import Int4Linear
 from engines.quantization.int8 import Int8Linear
 from engines.quantization.methods import LAYER_METHODS
+from engines.quantization.int4 import quantize_int4
+from engines.quantization.w4a8 import BlockQ4Linear
 from engines.quantization.w8a8 import W8A8Linear
 
 
@@ -24,6 +26,8 @@ def quantized_linear(method: str, layer: Linear, group_size: int) -> nn.Module:
         return Fp8Linear(layer.weight, layer.bias)
     if method == "w8a8":
         return W8A8Linear(layer.weight, layer.bias)
+    if method == "w4a8":     # INT4 RTN in blocks of 32, whatever `group_size` says: the activations' block
+        return BlockQ4Linear.from_groups(*quantize_int4(layer.weight, 32), layer.bias)
     raise ValueError(f"unknown quantization method {method!r}; choose one of {LAYER_METHODS}")
 
 

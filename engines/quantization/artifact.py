@@ -22,12 +22,16 @@ from engines.model.layers import Linear
 from engines.quantization.fp8 import Fp8Linear
 from engines.quantization.int4 import Int4Linear, unpack_nibbles
 from engines.quantization.int8 import Int8Linear
+from engines.quantization.w4a8 import BlockQ4Linear, BlockQ8Linear
 from engines.quantization.w8a8 import W8A8Linear
 
 QCONFIG_NAME = "quantization_config.json"
 FORMAT_VERSION = 1
-_QUANTIZED = (Int8Linear, Int4Linear, Fp8Linear, W8A8Linear)
-_KIND_OF = {Int8Linear: "int8", Int4Linear: "int4", Fp8Linear: "fp8", W8A8Linear: "w8a8"}
+_QUANTIZED = (Int8Linear, Int4Linear, Fp8Linear, W8A8Linear, BlockQ4Linear, BlockQ8Linear)
+_KIND_OF = {Int8Linear: "int8", Int4Linear: "int4", Fp8Linear: "fp8", W8A8Linear: "w8a8", BlockQ4Linear: "q4block",
+            BlockQ8Linear: "q8block"}
+# A quantized output head is a module of the model with no Linear before it.
+_HEAD = "quantized_head"
 
 
 def is_quantized_dir(path: Path) -> bool:
@@ -56,8 +60,7 @@ def save_artifact(model: LlamaForCausalLM, source_dir: Path, out_dir: Path, meth
             shutil.copy(source_dir / name, out_dir / name)
     qconfig = {"format_version": FORMAT_VERSION, "method": method, "group_size": group_size,
                "dtype": str(model.dtype).removeprefix("torch."), "modules": modules, **(extra or {})}
-    if len(set(kinds.values())) > 1:
-        qconfig["module_kinds"] = kinds
+    qconfig["module_kinds"] = kinds
     (out_dir / QCONFIG_NAME).write_text(json.dumps(qconfig, indent=2))
 
 
@@ -84,11 +87,16 @@ def load_artifact_into(model: LlamaForCausalLM, path: Path, keep_portable: bool 
     kinds = qconfig.get("module_kinds") or {}
     for name in qconfig["modules"]:
         parent_name, _, attr = name.rpartition(".")
+        kind = kinds.get(name) or ("int4" if method.startswith("int4") else method)
+        if name == _HEAD:
+            if kind != "q8block":
+                raise ModelLoadError(f"{path}: an output head of kind {kind!r} is not supported")
+            model.set_quantized_head(BlockQ8Linear(tensors[f"{name}.qweight"], tensors[f"{name}.scales"], None))
+            continue
         old = model.get_submodule(name)
         if not isinstance(old, Linear):
             raise ModelLoadError(f"{path}: {name} is not a linear layer of this model")
         bias = tensors.get(f"{name}.bias")
-        kind = kinds.get(name) or ("int4" if method.startswith("int4") else method)
         if kind == "int8":
             new = Int8Linear(None, bias, q=tensors[f"{name}.qweight"], scales=tensors[f"{name}.scales"])
         elif kind == "int4":
@@ -99,6 +107,10 @@ def load_artifact_into(model: LlamaForCausalLM, path: Path, keep_portable: bool 
                 new.portable = None  # the CPU op serves from its own pack: no second copy
         elif kind == "w8a8":
             new = W8A8Linear(None, bias, q=tensors[f"{name}.qweight"], scales=tensors[f"{name}.scales"])
+        elif kind == "q4block":
+            new = BlockQ4Linear(tensors[f"{name}.nibbles"], tensors[f"{name}.scales"], tensors[f"{name}.mins"], bias)
+        elif kind == "q8block":
+            new = BlockQ8Linear(tensors[f"{name}.qweight"], tensors[f"{name}.scales"], bias)
         elif kind == "fp8":
             new = Fp8Linear(None, bias, q=tensors[f"{name}.qweight"], scales=tensors[f"{name}.weight_scale"])
         else:

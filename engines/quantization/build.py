@@ -11,13 +11,15 @@ from engines.quantization.artifact import save_artifact
 from engines.quantization.awq import awq_quantize
 from engines.quantization.calibration import CalibrationSource, calibration_sequences
 from engines.quantization.gguf_int4 import REST_METHOD, install_gguf_int4
+from engines.quantization.gguf_w4a8 import install_gguf_w4a8
 from engines.quantization.gptq_model import gptq_quantize_model
 from engines.quantization.methods import ARTIFACT_METHODS, CALIBRATED_METHODS, effective_group_size
 
 # Part of the cache key and the artifact's config: bump a method's version whenever its algorithm
 # changes, so an artifact an older version built is never reused (AWQ 2: the Gram-matrix searches;
 # int4-gguf 2: Q4_1 tensors load as stored too).
-ALGORITHM_VERSIONS = {"int8": 1, "int4-rtn": 1, "int4-awq": 2, "int4-gptq": 1, "fp8": 1, "int4-gguf": 2, "w8a8": 1}
+ALGORITHM_VERSIONS = {"int8": 1, "int4-rtn": 1, "int4-awq": 2, "int4-gptq": 1, "fp8": 1, "int4-gguf": 2, "w8a8": 1, "w4a8": 1,
+                      "w4a8-gguf": 1}
 AWQ_CALIBRATION = {"n": 16, "max_tokens": 256}
 # GPTQ fits each layer to its calibration inputs: with 16 x 256 tokens it over-fits them (its error on
 # other text was ~3x its error on the calibration text), so it reads more text than AWQ.
@@ -56,12 +58,13 @@ def quantize_loaded(loaded, method: str, group_size: int, calibration: Calibrati
     elif method == "int4-gptq":
         calib = calibration_sequences(loaded.tokenizer, loaded.chat_template, calibration, **GPTQ_CALIBRATION)
         gptq_quantize_model(loaded.model, calib, group_size, **GPTQ_OPTIONS)
-    elif method == "int4-gguf":
+    elif method in ("int4-gguf", "w4a8-gguf"):
         gguf_path = converted_from(loaded.path)
         if gguf_path is None:
-            raise ValueError("int4-gguf reads the 4-bit blocks of a GGUF file: the source must be a .gguf file or "
+            raise ValueError(f"{method} reads the 4-bit blocks of a GGUF file: the source must be a .gguf file or "
                              f"a bundled model, not {loaded.name!r}")
-        settings["linears"] = install_gguf_int4(loaded.model, gguf_path, settings["rest"])
+        settings["linears"] = (install_gguf_int4(loaded.model, gguf_path, settings["rest"]) if method == "int4-gguf"
+                               else install_gguf_w4a8(loaded.model, gguf_path))
     else:
         quantize_model(loaded.model, method, group_size)
     return settings

@@ -111,15 +111,19 @@ def _decoders():
     return {gguf.GGMLQuantizationType.Q4_K: q4k_groups, gguf.GGMLQuantizationType.Q4_1: q4_1_groups}
 
 
-def read_int4_weights(gguf_path: Path) -> dict[str, Int4Groups]:
-    """Every 4-bit (Q4_K or Q4_1) decoder weight of the file, by HF name, rows in the order our
-    model uses."""
+def open_gguf(gguf_path: Path):
     import gguf
 
     try:
-        reader = gguf.GGUFReader(str(gguf_path))
+        return gguf.GGUFReader(str(gguf_path))
     except Exception as exc:  # the gguf package raises bare ValueError/struct errors
         raise ModelLoadError(f"{gguf_path} is not a readable GGUF file ({type(exc).__name__}: {exc})") from None
+
+
+def read_int4_weights(gguf_path: Path, reader=None) -> dict[str, Int4Groups]:
+    """Every 4-bit (Q4_K or Q4_1) decoder weight of the file, by HF name, rows in the order our
+    model uses (`reader`: the file already opened with open_gguf)."""
+    reader = reader or open_gguf(gguf_path)
     names = gguf_decoder_names(reader, gguf_path)
     decoders = _decoders()
     out: dict[str, Int4Groups] = {}
@@ -134,16 +138,12 @@ def read_int4_weights(gguf_path: Path) -> dict[str, Int4Groups]:
     return out
 
 
-def install_gguf_int4(model: LlamaForCausalLM, gguf_path: Path, rest_method: str = REST_METHOD) -> dict[str, int]:
-    """Replace each decoder linear of a model loaded from `gguf_path`: by an Int4Linear holding
-    the file's own nibbles where all its parts are 4-bit (Q4_K or Q4_1), else by `rest_method`
-    ("int8" or "int4-rtn", g32) applied to its loaded weight. Returns how many linears took each
-    route ("as_stored" for the first)."""
-    if rest_method not in ("int8", "int4-rtn"):
-        raise ValueError(f"rest_method must be 'int8' or 'int4-rtn', not {rest_method!r}")
-    stored = read_int4_weights(gguf_path)
-    counts = {"as_stored": 0, rest_method: 0}
-    for i, layer in enumerate(model.layers):
+def replace_decoder_linears(model: LlamaForCausalLM, stored: dict[str, Int4Groups], as_stored, otherwise,
+                            counts: dict[str, int]) -> None:
+    """Swap each fused decoder linear for `as_stored(groups, old)` where all its parts are 4-bit
+    in `stored` (their groups concatenated in row order), else for `otherwise(old)`; each returns
+    (module, route name), and `counts` tallies the routes."""
+    for i in range(len(model.layers)):
         for ours, parts in _FUSED:
             parent_name, _, attr = f"layers.{i}.{ours}".rpartition(".")
             parent = model.get_submodule(parent_name)
@@ -152,18 +152,34 @@ def install_gguf_int4(model: LlamaForCausalLM, gguf_path: Path, rest_method: str
                 raise ValueError(f"layers.{i}.{ours} is already quantized")
             found = [stored.get(f"model.layers.{i}.{p}.weight") for p in parts]
             if all(g is not None for g in found):
-                q = torch.cat([g.q for g in found])
-                if tuple(q.shape) != (old.out_features, old.in_features):
-                    raise ModelLoadError(f"layer {i} {ours}: 4-bit tensors of shape {tuple(q.shape)}, "
+                groups = Int4Groups(torch.cat([g.q for g in found]), torch.cat([g.scales for g in found]),
+                                    torch.cat([g.zeros for g in found]))
+                if tuple(groups.q.shape) != (old.out_features, old.in_features):
+                    raise ModelLoadError(f"layer {i} {ours}: 4-bit tensors of shape {tuple(groups.q.shape)}, "
                                          f"model expects {(old.out_features, old.in_features)}")
-                new = Int4Linear(None, old.bias, GROUP_SIZE, q, torch.cat([g.scales for g in found]),
-                                 torch.cat([g.zeros for g in found]), in_features=old.in_features)
-                counts["as_stored"] += 1
-            elif rest_method == "int8":
-                new = Int8Linear(old.weight, old.bias)
-                counts["int8"] += 1
+                new, route = as_stored(groups, old)
             else:
-                new = Int4Linear(old.weight, old.bias, GROUP_SIZE)
-                counts["int4-rtn"] += 1
+                new, route = otherwise(old)
+            counts[route] = counts.get(route, 0) + 1
             setattr(parent, attr, new)
+
+
+def install_gguf_int4(model: LlamaForCausalLM, gguf_path: Path, rest_method: str = REST_METHOD) -> dict[str, int]:
+    """Replace each decoder linear of a model loaded from `gguf_path`: by an Int4Linear holding
+    the file's own nibbles where all its parts are 4-bit (Q4_K or Q4_1), else by `rest_method`
+    ("int8" or "int4-rtn", g32) applied to its loaded weight. Returns how many linears took each
+    route ("as_stored" for the first)."""
+    if rest_method not in ("int8", "int4-rtn"):
+        raise ValueError(f"rest_method must be 'int8' or 'int4-rtn', not {rest_method!r}")
+
+    def as_stored(g: Int4Groups, old: Linear):
+        return Int4Linear(None, old.bias, GROUP_SIZE, g.q, g.scales, g.zeros, in_features=old.in_features), "as_stored"
+
+    def otherwise(old: Linear):
+        if rest_method == "int8":
+            return Int8Linear(old.weight, old.bias), "int8"
+        return Int4Linear(old.weight, old.bias, GROUP_SIZE), "int4-rtn"
+
+    counts = {"as_stored": 0, rest_method: 0}
+    replace_decoder_linears(model, read_int4_weights(gguf_path), as_stored, otherwise, counts)
     return counts

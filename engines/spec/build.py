@@ -24,7 +24,7 @@ from engines.stats import EngineStats
 
 log = logging.getLogger(__name__)
 
-SELF_DRAFT_QUANTIZATIONS = ("int4-rtn", "int8", "fp8", "w8a8")
+SELF_DRAFT_QUANTIZATIONS = ("int4-rtn", "int8", "fp8", "w8a8", "w4a8")
 
 
 def load_draft_model(spec: SpeculativeConfig, target: LoadedModel, max_model_len: int) -> LoadedModel | None:

@@ -51,7 +51,8 @@ def _build_parser() -> argparse.ArgumentParser:
     ppl.add_argument("--quant", action="append", dest="variants",
                      help="variant to evaluate (repeatable): fp32, bf16, int8, int4-rtn-g64, int4-rtn-g128, "
                           "int4-awq-g64, int4-awq-g128, int4-gptq-g64, int4-gptq-g128, fp8, kv-bf16, kv-int8, "
-                          "kv-fp8, kv-int4, int4-gguf, int4-gguf-rtn (the last two: a GGUF's own Q4_K blocks)")
+                          "kv-fp8, kv-int4, int4-gguf, int4-gguf-rtn (a GGUF's own Q4_K blocks), w4a8-gguf (the same "
+                          "blocks with int8 activations)")
     ppl.add_argument("--sequences", type=int, default=24)
     ppl.add_argument("--validation", action="store_true",
                      help="the tuning slice (records 8,000+) instead of the held-out one (12,000+)")

@@ -1,0 +1,138 @@
+"""Block-quantized linears with int8 activations: llama.cpp's arithmetic on the GGUF's own blocks.
+
+Weights stay in blocks of 32 along the input: 4-bit with a scale and a min (a Q4_1 block, a Q4_K
+sub-block; `BlockQ4Linear`) or 8-bit with a scale (Q8_0; `BlockQ8Linear`). At run time each row
+of activations is quantized to int8 per block of 32 (scale amax / 127) and every block's dot
+product is taken in integers (kernels/cpu/block_linear.cpp). At the one to sixteen rows a
+latency tier or a throughput worker steps, a linear is bound by its weight's bytes and its
+instruction count: 4-bit blocks read a quarter of bf16's bytes and spend one integer
+multiply-add per weight, where torch's W4A16 op converts every weight to floating point.
+Quantizing the activations costs quality that weight-only INT4 does not (measured with
+`tiergate eval ppl`, variant `w4a8-gguf`).
+
+Off the C++ kernels (no compiler, another device) the torch reference computes the same values.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from kernels.cpu_extension import load_cpu_kernels
+from kernels.reference_gemm import q4_block_linear_ref, q8_block_linear_ref
+
+BLOCK = 32
+
+
+def _native(x: torch.Tensor):
+    return load_cpu_kernels() if x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16) else None
+
+
+def pack_block_nibbles(q: torch.Tensor) -> torch.Tensor:
+    """[N, K] values 0..15 -> [N, K/2] uint8, per block of 32: elements 0..15 in the low nibbles
+    of its 16 bytes, 16..31 in the high ones (GGUF's order, which the kernel unpacks with one shift)."""
+    n, k = q.shape
+    blocks = q.to(torch.uint8).view(n, k // BLOCK, BLOCK)
+    return (blocks[..., :16] | (blocks[..., 16:] << 4)).reshape(n, k // 2)
+
+
+def unpack_block_nibbles(packed: torch.Tensor) -> torch.Tensor:
+    n, half = packed.shape
+    blocks = packed.view(n, half // 16, 16)
+    return torch.cat([blocks & 15, blocks >> 4], dim=-1).reshape(n, half * 2)
+
+
+def quantize_blocks_q8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[N, K] float -> (int8 [N, K], fp32 scales [N, K/32]), w ~= q * scale per block (Q8_0's rule:
+    a block's largest magnitude maps to 127, so a Q8_0 block comes back with its own values)."""
+    n, k = weight.shape
+    _check_width(k)
+    w = weight.float().view(n, k // BLOCK, BLOCK)
+    amax = w.abs().amax(dim=-1)
+    scales = amax / 127.0
+    inv = torch.where(amax > 0, 127.0 / amax.clamp_min(1e-30), torch.zeros_like(amax))
+    q = torch.round(w * inv[..., None]).clamp(-127, 127).to(torch.int8)
+    return q.view(n, k), scales
+
+
+def _check_width(k: int) -> None:
+    if k % BLOCK:
+        raise ValueError(f"block-quantized linears need an input width that is a multiple of {BLOCK}, not {k}")
+
+
+class BlockQ4Linear(nn.Module):
+    """w = scale * q + min per block of 32, q in 0..15."""
+
+    def __init__(self, nibbles: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, bias: torch.Tensor | None):
+        super().__init__()
+        self.out_features, half = nibbles.shape
+        self.in_features = half * 2
+        _check_width(self.in_features)
+        self.register_buffer("nibbles", nibbles.contiguous())
+        self.register_buffer("scales", scales.float().contiguous())
+        self.register_buffer("mins", mins.float().contiguous())
+        self.bias = None if bias is None else nn.Parameter(bias.detach().float().clone(), requires_grad=False)
+
+    @classmethod
+    def from_groups(cls, q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
+                    bias: torch.Tensor | None) -> BlockQ4Linear:
+        """From INT4 g32 in the (q - 8) * scale + zero convention (engines/quantization/int4.py)."""
+        _check_width(q.shape[1])
+        return cls(pack_block_nibbles(q), scales, zeros.float() - 8.0 * scales.float(), bias)
+
+    @property
+    def portable(self) -> dict[str, torch.Tensor]:
+        return {"nibbles": self.nibbles, "scales": self.scales, "mins": self.mins}
+
+    def dequantized(self) -> torch.Tensor:
+        n, k = self.out_features, self.in_features
+        q = unpack_block_nibbles(self.nibbles).float().view(n, k // BLOCK, BLOCK)
+        return (q * self.scales[..., None] + self.mins[..., None]).view(n, k)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        flat = x.reshape(-1, shape[-1])
+        native = _native(x)
+        if native is not None:
+            out = native.q4_block_linear(flat, self.nibbles, self.scales, self.mins, self.bias)
+        else:
+            out = q4_block_linear_ref(flat, self.nibbles, self.scales, self.mins, self.bias)
+        return out.to(x.dtype).view(*shape[:-1], self.out_features)
+
+
+class BlockQ8Linear(nn.Module):
+    """w = scale * q per block of 32, q in -127..127."""
+
+    def __init__(self, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None):
+        super().__init__()
+        self.out_features, self.in_features = qweight.shape
+        _check_width(self.in_features)
+        self.register_buffer("qweight", qweight.contiguous())
+        self.register_buffer("scales", scales.float().contiguous())
+        self.bias = None if bias is None else nn.Parameter(bias.detach().float().clone(), requires_grad=False)
+
+    @classmethod
+    def from_weight(cls, weight: torch.Tensor, bias: torch.Tensor | None) -> BlockQ8Linear:
+        return cls(*quantize_blocks_q8(weight), bias)
+
+    @property
+    def portable(self) -> dict[str, torch.Tensor]:
+        return {"qweight": self.qweight, "scales": self.scales}
+
+    def dequantized(self) -> torch.Tensor:
+        n, k = self.out_features, self.in_features
+        return (self.qweight.float().view(n, k // BLOCK, BLOCK) * self.scales[..., None]).view(n, k)
+
+    def forward_float(self, x: torch.Tensor) -> torch.Tensor:
+        """The product in fp32 whatever x's dtype (an output head's logits)."""
+        shape = x.shape
+        flat = x.reshape(-1, shape[-1])
+        native = _native(x)
+        if native is not None:
+            out = native.q8_block_linear(flat, self.qweight, self.scales, self.bias)
+        else:
+            out = q8_block_linear_ref(flat, self.qweight, self.scales, self.bias)
+        return out.view(*shape[:-1], self.out_features)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_float(x).to(x.dtype)
