@@ -89,9 +89,16 @@ def quantize_blocks_q8_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor,
     return q.to(torch.int8).reshape(m, k), d, d * q.sum(dim=-1)
 
 
-def _block_dots(x: torch.Tensor, wq: torch.Tensor, wd: torch.Tensor) -> torch.Tensor:
+def unpack_block_nibbles(packed: torch.Tensor) -> torch.Tensor:
+    """[N, K/2] uint8, per block of 32 elements 0..15 in the low nibbles and 16..31 in the high
+    ones -> [N, K] uint8 values 0..15."""
+    n, half = packed.shape
+    blocks = packed.view(n, half // 16, 16)
+    return torch.cat([blocks & 15, blocks >> 4], dim=-1).reshape(n, half * 2)
+
+
+def _block_dots(qa: torch.Tensor, da: torch.Tensor, wq: torch.Tensor, wd: torch.Tensor) -> torch.Tensor:
     """sum over blocks of da * dw * dot(qa, qw), the integer dots exact in float64."""
-    qa, da, _ = quantize_blocks_q8_ref(x)
     m, k = qa.shape
     n = wq.shape[0]
     dots = torch.einsum("mbi,nbi->mnb", qa.double().view(m, k // 32, 32), wq.double().view(n, k // 32, 32))
@@ -100,19 +107,16 @@ def _block_dots(x: torch.Tensor, wq: torch.Tensor, wd: torch.Tensor) -> torch.Te
 
 def q4_block_linear_ref(x: torch.Tensor, nibbles: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor,
                         bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x [M, K] quantized per block of 32 to int8, times 4-bit blocks (nibbles [N, K/2]: per block,
-    elements 0..15 low, 16..31 high; w = scale * q + min). fp32 [M, N]."""
-    n, half = nibbles.shape
-    blocks = nibbles.view(n, half // 16, 16)
-    q = torch.cat([blocks & 15, blocks >> 4], dim=-1).reshape(n, half * 2)
-    _, _, sa = quantize_blocks_q8_ref(x)
-    y = _block_dots(x, q, scales) + sa.double() @ mins.double().t()
-    y = y.float()
+    """x [M, K] quantized per block of 32 to int8, times 4-bit blocks (nibbles [N, K/2] as
+    unpack_block_nibbles reads them; w = scale * q + min). fp32 [M, N]."""
+    qa, da, sa = quantize_blocks_q8_ref(x)
+    y = (_block_dots(qa, da, unpack_block_nibbles(nibbles), scales) + sa.double() @ mins.double().t()).float()
     return y if bias is None else y + bias.float()
 
 
 def q8_block_linear_ref(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
                         bias: torch.Tensor | None = None) -> torch.Tensor:
     """x [M, K] quantized per block of 32 to int8, times int8 blocks (w = scale * q). fp32 [M, N]."""
-    y = _block_dots(x, qweight, scales).float()
+    qa, da, _ = quantize_blocks_q8_ref(x)
+    y = _block_dots(qa, da, qweight, scales).float()
     return y if bias is None else y + bias.float()

@@ -19,7 +19,8 @@ import torch
 from torch import nn
 
 from kernels.cpu_extension import load_cpu_kernels
-from kernels.reference_gemm import q4_block_linear_ref, q8_block_linear_ref
+from kernels.reference_gemm import (q4_block_linear_ref, q8_block_linear_ref, quantize_blocks_q8_ref,
+                                    unpack_block_nibbles)
 
 BLOCK = 32
 
@@ -36,23 +37,13 @@ def pack_block_nibbles(q: torch.Tensor) -> torch.Tensor:
     return (blocks[..., :16] | (blocks[..., 16:] << 4)).reshape(n, k // 2)
 
 
-def unpack_block_nibbles(packed: torch.Tensor) -> torch.Tensor:
-    n, half = packed.shape
-    blocks = packed.view(n, half // 16, 16)
-    return torch.cat([blocks & 15, blocks >> 4], dim=-1).reshape(n, half * 2)
-
-
 def quantize_blocks_q8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """[N, K] float -> (int8 [N, K], fp32 scales [N, K/32]), w ~= q * scale per block (Q8_0's rule:
-    a block's largest magnitude maps to 127, so a Q8_0 block comes back with its own values)."""
-    n, k = weight.shape
-    _check_width(k)
-    w = weight.float().view(n, k // BLOCK, BLOCK)
-    amax = w.abs().amax(dim=-1)
-    scales = amax / 127.0
-    inv = torch.where(amax > 0, 127.0 / amax.clamp_min(1e-30), torch.zeros_like(amax))
-    q = torch.round(w * inv[..., None]).clamp(-127, 127).to(torch.int8)
-    return q.view(n, k), scales
+    """[N, K] float -> (int8 [N, K], fp32 scales [N, K/32]), w ~= q * scale per block: the rule the
+    activations are quantized by, which is Q8_0's (a block's largest magnitude maps to 127, so a
+    Q8_0 block comes back with its own values)."""
+    _check_width(weight.shape[1])
+    q, scales, _ = quantize_blocks_q8_ref(weight)
+    return q, scales
 
 
 def _check_width(k: int) -> None:

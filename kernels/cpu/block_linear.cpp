@@ -227,6 +227,20 @@ void check_scales(const torch::Tensor& t, int64_t N, int64_t K, const char* name
               name, " must be contiguous float32 [N, K/32]");
 }
 
+// Quantizes x's blocks, then runs tile(MT, activations, m0, n0, n1, bias, out) over [M, N];
+// returns the float32 [M, N] output.
+template <typename Tile>
+torch::Tensor run_block_linear(const torch::Tensor& x, const c10::optional<torch::Tensor>& bias, int64_t N, Tile tile) {
+  auto parts = quantize_activation_blocks(x.stride(1) == 1 ? x : x.contiguous());
+  const Activations a{parts[0].data_ptr<int8_t>(), parts[1].data_ptr<float>(), parts[2].data_ptr<float>()};
+  auto b = float_bias(bias, N);
+  const float* bptr = b.defined() ? b.data_ptr<float>() : nullptr;
+  auto out = torch::empty({x.size(0), N}, x.options().dtype(at::kFloat));
+  float* o = out.data_ptr<float>();
+  over_tiles(x.size(0), N, [&](auto mt, int64_t m0, int64_t n0, int64_t n1) { tile(mt, a, m0, n0, n1, bptr, o); });
+  return out;
+}
+
 }  // namespace
 
 // x: [M, K] float32/bfloat16, K a multiple of 32. Returns (int8 [M, K], float32 scales [M, K/32],
@@ -246,19 +260,13 @@ torch::Tensor q4_block_linear(torch::Tensor x, torch::Tensor nibbles, torch::Ten
   TORCH_CHECK(x.dim() == 2 && x.size(1) == K, "x must be [M, K] with K = 2 * nibbles' columns");
   check_scales(scales, N, K, "scales");
   check_scales(mins, N, K, "mins");
-  auto parts = quantize_blocks_q8(x);
-  const Activations a{parts[0].data_ptr<int8_t>(), parts[1].data_ptr<float>(), parts[2].data_ptr<float>()};
-  auto b = float_bias(bias, N);
-  const float* bptr = b.defined() ? b.data_ptr<float>() : nullptr;
-  auto out = torch::empty({x.size(0), N}, x.options().dtype(at::kFloat));
   const uint8_t* wq = nibbles.data_ptr<uint8_t>();
   const float* wd = scales.data_ptr<float>();
   const float* wm = mins.data_ptr<float>();
-  float* o = out.data_ptr<float>();
-  over_tiles(x.size(0), N, [&](auto mt, int64_t m0, int64_t n0, int64_t n1) {
-    q4_tile<decltype(mt)::value>(wq, wd, wm, a, K, m0, n0, n1, bptr, o, N);
+  return run_block_linear(x, bias, N, [&](auto mt, const Activations& a, int64_t m0, int64_t n0, int64_t n1,
+                                          const float* b, float* o) {
+    q4_tile<decltype(mt)::value>(wq, wd, wm, a, K, m0, n0, n1, b, o, N);
   });
-  return out;
 }
 
 // x: [M, K]; qweight: int8 [N, K]; scales: float32 [N, K/32]. Returns x W^T + bias as float32
@@ -270,16 +278,10 @@ torch::Tensor q8_block_linear(torch::Tensor x, torch::Tensor qweight, torch::Ten
   const int64_t N = qweight.size(0), K = qweight.size(1);
   TORCH_CHECK(x.dim() == 2 && x.size(1) == K, "x must be [M, K] with K = qweight's columns");
   check_scales(scales, N, K, "scales");
-  auto parts = quantize_blocks_q8(x);
-  const Activations a{parts[0].data_ptr<int8_t>(), parts[1].data_ptr<float>(), parts[2].data_ptr<float>()};
-  auto b = float_bias(bias, N);
-  const float* bptr = b.defined() ? b.data_ptr<float>() : nullptr;
-  auto out = torch::empty({x.size(0), N}, x.options().dtype(at::kFloat));
   const int8_t* wq = qweight.data_ptr<int8_t>();
   const float* wd = scales.data_ptr<float>();
-  float* o = out.data_ptr<float>();
-  over_tiles(x.size(0), N, [&](auto mt, int64_t m0, int64_t n0, int64_t n1) {
-    q8_tile<decltype(mt)::value>(wq, wd, a, K, m0, n0, n1, bptr, o, N);
+  return run_block_linear(x, bias, N, [&](auto mt, const Activations& a, int64_t m0, int64_t n0, int64_t n1,
+                                          const float* b, float* o) {
+    q8_tile<decltype(mt)::value>(wq, wd, a, K, m0, n0, n1, b, o, N);
   });
-  return out;
 }
