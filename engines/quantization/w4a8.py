@@ -18,6 +18,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from kernels.block_layout import (deinterleave_columns, deinterleave_q4, deinterleave_q8, interleave_columns,
+                                  interleave_q4, interleave_q8)
 from kernels.cpu_extension import load_cpu_kernels
 from kernels.reference_gemm import (q4_block_linear_ref, q8_block_linear_ref, quantize_blocks_q8_ref,
                                     unpack_block_nibbles)
@@ -52,16 +54,17 @@ def _check_width(k: int) -> None:
 
 
 class BlockQ4Linear(nn.Module):
-    """w = scale * q + min per block of 32, q in 0..15."""
+    """w = scale * q + min per block of 32, q in 0..15. Held in the kernel's interleaved layout
+    (kernels/block_layout.py); `portable` gives the GGUF block order back."""
 
     def __init__(self, nibbles: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, bias: torch.Tensor | None):
         super().__init__()
         self.out_features, half = nibbles.shape
         self.in_features = half * 2
         _check_width(self.in_features)
-        self.register_buffer("nibbles", nibbles.contiguous())
-        self.register_buffer("scales", scales.float().contiguous())
-        self.register_buffer("mins", mins.float().contiguous())
+        self.register_buffer("packed", interleave_q4(unpack_block_nibbles(nibbles)))
+        self.register_buffer("packed_scales", interleave_columns(scales))
+        self.register_buffer("packed_mins", interleave_columns(mins))
         self.bias = None if bias is None else nn.Parameter(bias.detach().float().clone(), requires_grad=False)
 
     @classmethod
@@ -73,33 +76,40 @@ class BlockQ4Linear(nn.Module):
 
     @property
     def portable(self) -> dict[str, torch.Tensor]:
-        return {"nibbles": self.nibbles, "scales": self.scales, "mins": self.mins}
+        n = self.out_features
+        return {"nibbles": pack_block_nibbles(deinterleave_q4(self.packed, n)),
+                "scales": deinterleave_columns(self.packed_scales, n),
+                "mins": deinterleave_columns(self.packed_mins, n)}
 
     def dequantized(self) -> torch.Tensor:
         n, k = self.out_features, self.in_features
-        q = unpack_block_nibbles(self.nibbles).float().view(n, k // BLOCK, BLOCK)
-        return (q * self.scales[..., None] + self.mins[..., None]).view(n, k)
+        q = deinterleave_q4(self.packed, n).float().view(n, k // BLOCK, BLOCK)
+        scales = deinterleave_columns(self.packed_scales, n)
+        mins = deinterleave_columns(self.packed_mins, n)
+        return (q * scales[..., None] + mins[..., None]).view(n, k)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         flat = x.reshape(-1, shape[-1])
         native = _native(x)
         if native is not None:
-            out = native.q4_block_linear(flat, self.nibbles, self.scales, self.mins, self.bias)
+            out = native.q4_block_linear(flat, self.packed, self.packed_scales, self.packed_mins, self.bias,
+                                         self.out_features)
         else:
-            out = q4_block_linear_ref(flat, self.nibbles, self.scales, self.mins, self.bias)
+            p = self.portable
+            out = q4_block_linear_ref(flat, p["nibbles"], p["scales"], p["mins"], self.bias)
         return out.to(x.dtype).view(*shape[:-1], self.out_features)
 
 
 class BlockQ8Linear(nn.Module):
-    """w = scale * q per block of 32, q in -127..127."""
+    """w = scale * q per block of 32, q in -127..127. Held in the kernel's interleaved layout."""
 
     def __init__(self, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None):
         super().__init__()
         self.out_features, self.in_features = qweight.shape
         _check_width(self.in_features)
-        self.register_buffer("qweight", qweight.contiguous())
-        self.register_buffer("scales", scales.float().contiguous())
+        self.register_buffer("packed", interleave_q8(qweight))
+        self.register_buffer("packed_scales", interleave_columns(scales))
         self.bias = None if bias is None else nn.Parameter(bias.detach().float().clone(), requires_grad=False)
 
     @classmethod
@@ -108,11 +118,13 @@ class BlockQ8Linear(nn.Module):
 
     @property
     def portable(self) -> dict[str, torch.Tensor]:
-        return {"qweight": self.qweight, "scales": self.scales}
+        n = self.out_features
+        return {"qweight": deinterleave_q8(self.packed, n), "scales": deinterleave_columns(self.packed_scales, n)}
 
     def dequantized(self) -> torch.Tensor:
         n, k = self.out_features, self.in_features
-        return (self.qweight.float().view(n, k // BLOCK, BLOCK) * self.scales[..., None]).view(n, k)
+        p = self.portable
+        return (p["qweight"].float().view(n, k // BLOCK, BLOCK) * p["scales"][..., None]).view(n, k)
 
     def forward_float(self, x: torch.Tensor) -> torch.Tensor:
         """The product in fp32 whatever x's dtype (an output head's logits)."""
@@ -120,9 +132,10 @@ class BlockQ8Linear(nn.Module):
         flat = x.reshape(-1, shape[-1])
         native = _native(x)
         if native is not None:
-            out = native.q8_block_linear(flat, self.qweight, self.scales, self.bias)
+            out = native.q8_block_linear(flat, self.packed, self.packed_scales, self.bias, self.out_features)
         else:
-            out = q8_block_linear_ref(flat, self.qweight, self.scales, self.bias)
+            p = self.portable
+            out = q8_block_linear_ref(flat, p["qweight"], p["scales"], self.bias)
         return out.view(*shape[:-1], self.out_features)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

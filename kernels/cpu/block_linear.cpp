@@ -4,7 +4,8 @@
 // (u8 x s8 multiply-adds: VNNI where the CPU has it, maddubs on plain AVX2). This is llama.cpp's
 // arithmetic: at one to a few rows a linear is bound by the bytes of its weight, and 4-bit blocks
 // read a quarter of bf16's bytes with one integer multiply-add per weight instead of a convert and
-// an fp32 FMA. Bigger batches are compute-bound and go to oneDNN (see quantization/w4a8.py).
+// an fp32 FMA. At batch 16 and beyond a linear is compute-bound, and the integer multiply-adds
+// (32 per instruction, against 8 fp32 FMAs) keep the same kernel ahead of oneDNN's fp32 GEMM.
 //
 // Weight = d * q + m per block (q in 0..15 for 4-bit; m = 0 and q in -127..127 for 8-bit).
 // Activation = da * qa per block, and sa = da * sum(qa), so that a 4-bit block's contribution is
@@ -15,6 +16,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #if defined(__AVX2__)
 #include <immintrin.h>
@@ -24,7 +26,7 @@ namespace {
 
 constexpr int64_t kBlock = 32;
 constexpr int64_t kRowTile = 4;      // activation rows sharing one decoded weight block
-constexpr int64_t kColGrain = 16;    // weight rows per parallel work item
+constexpr int64_t kGroupGrain = 4;   // column groups of 8 per parallel work item
 
 template <typename T>
 void quantize_blocks(const T* x, int64_t stride, int64_t rows, int64_t K, int8_t* q, float* d, float* s) {
@@ -56,13 +58,6 @@ void quantize_blocks(const T* x, int64_t stride, int64_t rows, int64_t K, int8_t
 }
 
 #if defined(__AVX2__)
-inline float hsum(__m256 v) {
-  __m128 lo = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
-  lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
-  return _mm_cvtss_f32(lo);
-}
-
 // Eight int32 sums of four u8 x s8 products each.
 inline __m256i dot_u8s8(__m256i u, __m256i s) {
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
@@ -74,11 +69,32 @@ inline __m256i dot_u8s8(__m256i u, __m256i s) {
 #endif
 }
 
-// 16 bytes of nibbles (low nibbles = elements 0..15, high = 16..31) -> 32 u8 values 0..15.
-inline __m256i unpack_nibbles(const uint8_t* p) {
-  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  const __m256i both = _mm256_set_m128i(_mm_srli_epi16(raw, 4), raw);
-  return _mm256_and_si256(both, _mm256_set1_epi8(0x0F));
+// 4 int8 activations repeated in every 32-bit lane.
+inline __m256i broadcast4(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm256_set1_epi32(v);
+}
+
+// Running sums of u8 x s8 products per 32-bit lane. With VNNI they are int32 from the start; on
+// plain AVX2 maddubs leaves int16 pairs, which hold a 4-bit block's eight multiply-adds (at most
+// 8 * 2 * 15 * 127 = 30,480) before finish_u8s8 widens them once.
+inline __m256i accumulate_u8s8(__m256i acc, __m256i u, __m256i s) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_dpbusd_epi32(acc, u, s);
+#elif defined(__AVXVNNI__)
+  return _mm256_dpbusd_avx_epi32(acc, u, s);
+#else
+  return _mm256_add_epi16(acc, _mm256_maddubs_epi16(u, s));
+#endif
+}
+
+inline __m256i finish_u8s8(__m256i acc) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__) || defined(__AVXVNNI__)
+  return acc;
+#else
+  return _mm256_madd_epi16(acc, _mm256_set1_epi16(1));
+#endif
 }
 #endif
 
@@ -88,108 +104,154 @@ struct Activations {
   const float* s;    // [M, K/32]
 };
 
-// out[m, n] for m in [m0, m0 + MT) and n in [n0, n1): 4-bit weights.
+// 4-bit weights interleaved by column groups of 8 (see w4a8.py, interleave_q4): for group g and
+// block b, 128 bytes as 4 vectors of 32; vector j holds, for columns c = 0..7 and kk = 0..3 at
+// byte 4c + kk, weight k = 4j + kk of the block in the low nibble and k = 16 + 4j + kk in the
+// high one. A vector of 8 int32 lanes is then 8 output columns: each row's 4 activation bytes
+// are broadcast to all lanes, so one u8 x s8 multiply-add serves 8 columns, the block's integer
+// sums reach floating point once per block, and the block scales and mins of the 8 columns
+// are one vector load each.
+//
+// out[m, 8g .. 8g + 8) for m in [m0, m0 + MT) and g in [g0, g1).
 template <int MT>
 void q4_tile(const uint8_t* wq, const float* wd, const float* wm, const Activations& a, int64_t K, int64_t m0,
-             int64_t n0, int64_t n1, const float* bias, float* out, int64_t N) {
+             int64_t g0, int64_t g1, const float* bias, float* out, int64_t N) {
   const int64_t nb = K / kBlock;
-  for (int64_t n = n0; n < n1; ++n) {
-    const uint8_t* wrow = wq + n * (K / 2);
-    const float* drow = wd + n * nb;
-    const float* mrow = wm + n * nb;
-    float mins[MT] = {};
+  for (int64_t g = g0; g < g1; ++g) {
+    const uint8_t* wg = wq + g * nb * 128;
+    const float* dg = wd + g * nb * 8;
+    const float* mg = wm + g * nb * 8;
+    float res[MT][8];
 #if defined(__AVX2__)
+    const __m256i low = _mm256_set1_epi8(0x0F);
     __m256 acc[MT];
     for (int t = 0; t < MT; ++t) acc[t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
-      const __m256i w = unpack_nibbles(wrow + b * 16);
+      const uint8_t* wb = wg + b * 128;
+      __m256i isum[MT];
+      for (int t = 0; t < MT; ++t) isum[t] = _mm256_setzero_si256();
+      for (int j = 0; j < 4; ++j) {
+        const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 32 * j));
+        const __m256i lo = _mm256_and_si256(raw, low);
+        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);
+        for (int t = 0; t < MT; ++t) {
+          const int8_t* xb = a.q + (m0 + t) * K + b * kBlock + 4 * j;
+          isum[t] = accumulate_u8s8(isum[t], lo, broadcast4(xb));
+          isum[t] = accumulate_u8s8(isum[t], hi, broadcast4(xb + 16));
+        }
+      }
+      const __m256 dw = _mm256_loadu_ps(dg + b * 8);
+      const __m256 mw = _mm256_loadu_ps(mg + b * 8);
       for (int t = 0; t < MT; ++t) {
-        const int64_t r = m0 + t;
-        const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q + r * K + b * kBlock));
-        const __m256 p = _mm256_cvtepi32_ps(dot_u8s8(w, x));
-        acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(drow[b] * a.d[r * nb + b]), p, acc[t]);
-        mins[t] += mrow[b] * a.s[r * nb + b];
+        const int64_t r = (m0 + t) * nb + b;
+        const __m256 p = _mm256_cvtepi32_ps(finish_u8s8(isum[t]));
+        acc[t] = _mm256_fmadd_ps(p, _mm256_mul_ps(dw, _mm256_set1_ps(a.d[r])), acc[t]);
+        acc[t] = _mm256_fmadd_ps(mw, _mm256_set1_ps(a.s[r]), acc[t]);
       }
     }
-    for (int t = 0; t < MT; ++t) {
-      const float v = hsum(acc[t]) + mins[t];
-      out[(m0 + t) * N + n] = bias ? v + bias[n] : v;
-    }
+    for (int t = 0; t < MT; ++t) _mm256_storeu_ps(res[t], acc[t]);
 #else
-    float acc[MT] = {};
+    for (int t = 0; t < MT; ++t)
+      for (int c = 0; c < 8; ++c) res[t][c] = 0.f;
     for (int64_t b = 0; b < nb; ++b) {
-      const uint8_t* wb = wrow + b * 16;
+      const uint8_t* wb = wg + b * 128;
       for (int t = 0; t < MT; ++t) {
-        const int64_t r = m0 + t;
-        const int8_t* xb = a.q + r * K + b * kBlock;
-        int32_t dot = 0;
-        for (int i = 0; i < 16; ++i) dot += (wb[i] & 0x0F) * xb[i] + (wb[i] >> 4) * xb[i + 16];
-        acc[t] += drow[b] * a.d[r * nb + b] * static_cast<float>(dot);
-        mins[t] += mrow[b] * a.s[r * nb + b];
+        const int64_t r = (m0 + t) * nb + b;
+        const int8_t* xb = a.q + (m0 + t) * K + b * kBlock;
+        for (int c = 0; c < 8; ++c) {
+          int32_t dot = 0;
+          for (int j = 0; j < 4; ++j)
+            for (int kk = 0; kk < 4; ++kk) {
+              const uint8_t byte = wb[32 * j + 4 * c + kk];
+              dot += (byte & 0x0F) * xb[4 * j + kk] + (byte >> 4) * xb[16 + 4 * j + kk];
+            }
+          res[t][c] += static_cast<float>(dot) * (dg[b * 8 + c] * a.d[r]);
+          res[t][c] += mg[b * 8 + c] * a.s[r];
+        }
       }
-    }
-    for (int t = 0; t < MT; ++t) {
-      const float v = acc[t] + mins[t];
-      out[(m0 + t) * N + n] = bias ? v + bias[n] : v;
     }
 #endif
+    const int64_t cols = std::min<int64_t>(8, N - g * 8);
+    for (int t = 0; t < MT; ++t) {
+      float* o = out + (m0 + t) * N + g * 8;
+      for (int c = 0; c < cols; ++c) o[c] = bias ? res[t][c] + bias[g * 8 + c] : res[t][c];
+    }
   }
 }
 
-// out[m, n] for m in [m0, m0 + MT) and n in [n0, n1): 8-bit weights.
+// 8-bit weights interleaved the same way (interleave_q8): for group g and block b, 256 bytes as
+// 8 vectors of 32; vector j holds weight k = 4j + kk of column c at byte 4c + kk. u8 x s8
+// multiply-adds need an unsigned side, so the weight's sign moves onto the activation
+// (llama.cpp's trick); the int16 pairs of two such products can reach 2 * 127 * 127, so each is
+// widened to int32 at once on plain AVX2.
+//
+// out[m, 8g .. 8g + 8) for m in [m0, m0 + MT) and g in [g0, g1).
 template <int MT>
-void q8_tile(const int8_t* wq, const float* wd, const Activations& a, int64_t K, int64_t m0, int64_t n0, int64_t n1,
-             const float* bias, float* out, int64_t N) {
+void q8_tile(const int8_t* wq, const float* wd, const Activations& a, int64_t K, int64_t m0, int64_t g0,
+             int64_t g1, const float* bias, float* out, int64_t N) {
   const int64_t nb = K / kBlock;
-  for (int64_t n = n0; n < n1; ++n) {
-    const int8_t* wrow = wq + n * K;
-    const float* drow = wd + n * nb;
+  for (int64_t g = g0; g < g1; ++g) {
+    const int8_t* wg = wq + g * nb * 256;
+    const float* dg = wd + g * nb * 8;
+    float res[MT][8];
 #if defined(__AVX2__)
     __m256 acc[MT];
     for (int t = 0; t < MT; ++t) acc[t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
-      const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wrow + b * kBlock));
-      const __m256i wabs = _mm256_sign_epi8(w, w);   // u8 |w|; the sign moves onto x
+      const int8_t* wb = wg + b * 256;
+      __m256i isum[MT];
+      for (int t = 0; t < MT; ++t) isum[t] = _mm256_setzero_si256();
+      for (int j = 0; j < 8; ++j) {
+        const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 32 * j));
+        const __m256i wabs = _mm256_sign_epi8(w, w);
+        for (int t = 0; t < MT; ++t) {
+          const __m256i x = _mm256_sign_epi8(broadcast4(a.q + (m0 + t) * K + b * kBlock + 4 * j), w);
+          isum[t] = _mm256_add_epi32(isum[t], dot_u8s8(wabs, x));
+        }
+      }
+      const __m256 dw = _mm256_loadu_ps(dg + b * 8);
       for (int t = 0; t < MT; ++t) {
-        const int64_t r = m0 + t;
-        const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q + r * K + b * kBlock));
-        const __m256 p = _mm256_cvtepi32_ps(dot_u8s8(wabs, _mm256_sign_epi8(x, w)));
-        acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(drow[b] * a.d[r * nb + b]), p, acc[t]);
+        const __m256 p = _mm256_cvtepi32_ps(isum[t]);
+        acc[t] = _mm256_fmadd_ps(p, _mm256_mul_ps(dw, _mm256_set1_ps(a.d[(m0 + t) * nb + b])), acc[t]);
       }
     }
-    for (int t = 0; t < MT; ++t) {
-      const float v = hsum(acc[t]);
-      out[(m0 + t) * N + n] = bias ? v + bias[n] : v;
-    }
+    for (int t = 0; t < MT; ++t) _mm256_storeu_ps(res[t], acc[t]);
 #else
-    float acc[MT] = {};
+    for (int t = 0; t < MT; ++t)
+      for (int c = 0; c < 8; ++c) res[t][c] = 0.f;
     for (int64_t b = 0; b < nb; ++b) {
-      const int8_t* wb = wrow + b * kBlock;
+      const int8_t* wb = wg + b * 256;
       for (int t = 0; t < MT; ++t) {
-        const int64_t r = m0 + t;
-        const int8_t* xb = a.q + r * K + b * kBlock;
-        int32_t dot = 0;
-        for (int i = 0; i < kBlock; ++i) dot += wb[i] * xb[i];
-        acc[t] += drow[b] * a.d[r * nb + b] * static_cast<float>(dot);
+        const int8_t* xb = a.q + (m0 + t) * K + b * kBlock;
+        for (int c = 0; c < 8; ++c) {
+          int32_t dot = 0;
+          for (int j = 0; j < 8; ++j)
+            for (int kk = 0; kk < 4; ++kk) dot += wb[32 * j + 4 * c + kk] * xb[4 * j + kk];
+          res[t][c] += static_cast<float>(dot) * (dg[b * 8 + c] * a.d[(m0 + t) * nb + b]);
+        }
       }
     }
-    for (int t = 0; t < MT; ++t) out[(m0 + t) * N + n] = bias ? acc[t] + bias[n] : acc[t];
 #endif
+    const int64_t cols = std::min<int64_t>(8, N - g * 8);
+    for (int t = 0; t < MT; ++t) {
+      float* o = out + (m0 + t) * N + g * 8;
+      for (int c = 0; c < cols; ++c) o[c] = bias ? res[t][c] + bias[g * 8 + c] : res[t][c];
+    }
   }
 }
 
-// Runs tile(MT, m0, n0, n1) over all rows: weight rows split across threads, and within a
-// thread's share, activation rows in tiles of kRowTile so that each weight block is decoded once
-// per tile while the share of weight rows stays in cache.
+// Runs tile(MT, m0, g0, g1) over all rows: column groups split across threads, and within a
+// thread's share, activation rows in tiles of kRowTile so that each weight vector is loaded once
+// per tile while the share of weights stays in cache.
 template <typename Tile>
-void over_tiles(int64_t M, int64_t N, Tile tile) {
-  at::parallel_for(0, N, kColGrain, [&](int64_t n0, int64_t n1) {
+void over_tiles(int64_t M, int64_t groups, Tile tile) {
+  at::parallel_for(0, groups, kGroupGrain, [&](int64_t g0, int64_t g1) {
     int64_t m0 = 0;
-    for (; m0 + kRowTile <= M; m0 += kRowTile) tile(std::integral_constant<int, 4>{}, m0, n0, n1);
+    for (; m0 + kRowTile <= M; m0 += kRowTile) tile(std::integral_constant<int, kRowTile>{}, m0, g0, g1);
     switch (M - m0) {
-      case 3: tile(std::integral_constant<int, 3>{}, m0, n0, n1); break;
-      case 2: tile(std::integral_constant<int, 2>{}, m0, n0, n1); break;
-      case 1: tile(std::integral_constant<int, 1>{}, m0, n0, n1); break;
+      case 3: tile(std::integral_constant<int, 3>{}, m0, g0, g1); break;
+      case 2: tile(std::integral_constant<int, 2>{}, m0, g0, g1); break;
+      case 1: tile(std::integral_constant<int, 1>{}, m0, g0, g1); break;
       default: break;
     }
   });
@@ -221,23 +283,33 @@ torch::Tensor float_bias(const c10::optional<torch::Tensor>& bias, int64_t N) {
   return b;
 }
 
-void check_scales(const torch::Tensor& t, int64_t N, int64_t K, const char* name) {
-  TORCH_CHECK(t.scalar_type() == at::kFloat && t.is_contiguous() && t.dim() == 2 && t.size(0) == N &&
-                  t.size(1) == K / kBlock,
-              name, " must be contiguous float32 [N, K/32]");
+// A packed weight: [groups, K/32, bytes_per_block] of the given type, with scales (and mins)
+// [groups, K/32, 8] float32; returns K.
+int64_t check_packed(const torch::Tensor& w, at::ScalarType type, int64_t bytes_per_block, int64_t N,
+                     const torch::Tensor& scales) {
+  TORCH_CHECK(w.dim() == 3 && w.is_contiguous() && w.scalar_type() == type && w.size(2) == bytes_per_block &&
+                  w.size(0) == (N + 7) / 8,
+              "packed weight must be contiguous [ceil(N/8), K/32, ", bytes_per_block, "]");
+  TORCH_CHECK(scales.scalar_type() == at::kFloat && scales.is_contiguous() && scales.dim() == 3 &&
+                  scales.size(0) == w.size(0) && scales.size(1) == w.size(1) && scales.size(2) == 8,
+              "scales and mins must be contiguous float32 [ceil(N/8), K/32, 8]");
+  return w.size(1) * kBlock;
 }
 
-// Quantizes x's blocks, then runs tile(MT, activations, m0, n0, n1, bias, out) over [M, N];
-// returns the float32 [M, N] output.
+// Quantizes x's blocks, then runs tile(MT, activations, m0, g0, g1, bias, out) over M rows and
+// ceil(N/8) column groups; returns the float32 [M, N] output.
 template <typename Tile>
-torch::Tensor run_block_linear(const torch::Tensor& x, const c10::optional<torch::Tensor>& bias, int64_t N, Tile tile) {
+torch::Tensor run_block_linear(const torch::Tensor& x, int64_t K, const c10::optional<torch::Tensor>& bias, int64_t N,
+                               Tile tile) {
+  TORCH_CHECK(x.dim() == 2 && x.size(1) == K, "x must be [M, K] with the weight's K");
   auto parts = quantize_activation_blocks(x.stride(1) == 1 ? x : x.contiguous());
   const Activations a{parts[0].data_ptr<int8_t>(), parts[1].data_ptr<float>(), parts[2].data_ptr<float>()};
   auto b = float_bias(bias, N);
   const float* bptr = b.defined() ? b.data_ptr<float>() : nullptr;
   auto out = torch::empty({x.size(0), N}, x.options().dtype(at::kFloat));
   float* o = out.data_ptr<float>();
-  over_tiles(x.size(0), N, [&](auto mt, int64_t m0, int64_t n0, int64_t n1) { tile(mt, a, m0, n0, n1, bptr, o); });
+  over_tiles(x.size(0), (N + 7) / 8,
+             [&](auto mt, int64_t m0, int64_t g0, int64_t g1) { tile(mt, a, m0, g0, g1, bptr, o); });
   return out;
 }
 
@@ -249,39 +321,30 @@ std::vector<torch::Tensor> quantize_blocks_q8(torch::Tensor x) {
   return quantize_activation_blocks(x.stride(1) == 1 ? x : x.contiguous());
 }
 
-// x: [M, K]; nibbles: uint8 [N, K/2], block b of row n in bytes [16b, 16b + 16) with elements
-// 0..15 in the low nibbles and 16..31 in the high ones; scales, mins: float32 [N, K/32].
-// Returns x W^T + bias as float32 [M, N], W = scale * q + min per block.
-torch::Tensor q4_block_linear(torch::Tensor x, torch::Tensor nibbles, torch::Tensor scales, torch::Tensor mins,
-                              c10::optional<torch::Tensor> bias) {
-  TORCH_CHECK(nibbles.dim() == 2 && nibbles.is_contiguous() && nibbles.scalar_type() == at::kByte,
-              "nibbles must be contiguous uint8 [N, K/2]");
-  const int64_t N = nibbles.size(0), K = nibbles.size(1) * 2;
-  TORCH_CHECK(x.dim() == 2 && x.size(1) == K, "x must be [M, K] with K = 2 * nibbles' columns");
-  check_scales(scales, N, K, "scales");
-  check_scales(mins, N, K, "mins");
-  const uint8_t* wq = nibbles.data_ptr<uint8_t>();
+// x: [M, K]; packed: uint8 [ceil(N/8), K/32, 128] (q4_tile's layout); scales, mins: float32
+// [ceil(N/8), K/32, 8]. Returns x W^T + bias as float32 [M, N], W = scale * q + min per block.
+torch::Tensor q4_block_linear(torch::Tensor x, torch::Tensor packed, torch::Tensor scales, torch::Tensor mins,
+                              c10::optional<torch::Tensor> bias, int64_t N) {
+  const int64_t K = check_packed(packed, at::kByte, 128, N, scales);
+  check_packed(packed, at::kByte, 128, N, mins);
+  const uint8_t* wq = packed.data_ptr<uint8_t>();
   const float* wd = scales.data_ptr<float>();
   const float* wm = mins.data_ptr<float>();
-  return run_block_linear(x, bias, N, [&](auto mt, const Activations& a, int64_t m0, int64_t n0, int64_t n1,
-                                          const float* b, float* o) {
-    q4_tile<decltype(mt)::value>(wq, wd, wm, a, K, m0, n0, n1, b, o, N);
+  return run_block_linear(x, K, bias, N, [&](auto mt, const Activations& a, int64_t m0, int64_t g0, int64_t g1,
+                                             const float* b, float* o) {
+    q4_tile<decltype(mt)::value>(wq, wd, wm, a, K, m0, g0, g1, b, o, N);
   });
 }
 
-// x: [M, K]; qweight: int8 [N, K]; scales: float32 [N, K/32]. Returns x W^T + bias as float32
-// [M, N], W = scale * q per block.
-torch::Tensor q8_block_linear(torch::Tensor x, torch::Tensor qweight, torch::Tensor scales,
-                              c10::optional<torch::Tensor> bias) {
-  TORCH_CHECK(qweight.dim() == 2 && qweight.is_contiguous() && qweight.scalar_type() == at::kChar,
-              "qweight must be contiguous int8 [N, K]");
-  const int64_t N = qweight.size(0), K = qweight.size(1);
-  TORCH_CHECK(x.dim() == 2 && x.size(1) == K, "x must be [M, K] with K = qweight's columns");
-  check_scales(scales, N, K, "scales");
-  const int8_t* wq = qweight.data_ptr<int8_t>();
+// x: [M, K]; packed: int8 [ceil(N/8), K/32, 256] (q8_tile's layout); scales: float32
+// [ceil(N/8), K/32, 8]. Returns x W^T + bias as float32 [M, N], W = scale * q per block.
+torch::Tensor q8_block_linear(torch::Tensor x, torch::Tensor packed, torch::Tensor scales,
+                              c10::optional<torch::Tensor> bias, int64_t N) {
+  const int64_t K = check_packed(packed, at::kChar, 256, N, scales);
+  const int8_t* wq = packed.data_ptr<int8_t>();
   const float* wd = scales.data_ptr<float>();
-  return run_block_linear(x, bias, N, [&](auto mt, const Activations& a, int64_t m0, int64_t n0, int64_t n1,
-                                          const float* b, float* o) {
-    q8_tile<decltype(mt)::value>(wq, wd, a, K, m0, n0, n1, b, o, N);
+  return run_block_linear(x, K, bias, N, [&](auto mt, const Activations& a, int64_t m0, int64_t g0, int64_t g1,
+                                             const float* b, float* o) {
+    q8_tile<decltype(mt)::value>(wq, wd, a, K, m0, g0, g1, b, o, N);
   });
 }

@@ -14,6 +14,7 @@ from engines.quantization.artifact import load_artifact_into, save_artifact
 from engines.quantization.int4 import quantize_int4
 from engines.quantization.w4a8 import (BlockQ4Linear, BlockQ8Linear, pack_block_nibbles, quantize_blocks_q8,
                                        unpack_block_nibbles)
+from kernels.block_layout import interleave_columns, interleave_q4, interleave_q8
 from kernels.cpu_extension import load_cpu_kernels
 from kernels.reference_gemm import q4_block_linear_ref, q8_block_linear_ref, quantize_blocks_q8_ref
 
@@ -57,8 +58,8 @@ def test_reference_activation_blocks_are_independent_and_on_the_grid():
     torch.testing.assert_close(s, d * q.float().view(2, 3, 32).sum(-1))
 
 
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 17])
-def test_cpu_kernels_equal_the_reference(rows):
+@pytest.mark.parametrize("rows,cols", [(1, 200), (2, 200), (3, 203), (4, 200), (5, 197), (17, 200)])
+def test_cpu_kernels_equal_the_reference(rows, cols):
     native = _native()
     # fp32 inputs: no value sits on a rounding tie, so kernel and reference quantize identically.
     x = torch.randn(rows, 576, generator=G)
@@ -67,14 +68,17 @@ def test_cpu_kernels_equal_the_reference(rows):
     assert torch.equal(q, q_ref)
     torch.testing.assert_close(d, d_ref, rtol=1e-6, atol=0)
     torch.testing.assert_close(s, s_ref, rtol=1e-5, atol=1e-6)
-    nibbles = torch.randint(0, 256, (200, 288), generator=G, dtype=torch.uint8)
-    scales, mins = torch.rand(200, 18, generator=G) * 0.01, torch.randn(200, 18, generator=G) * 0.01
-    bias = torch.randn(200, generator=G)
-    got = native.q4_block_linear(x, nibbles, scales, mins, bias)
-    assert got.shape == (rows, 200) and got.dtype == torch.float32
+    # Column counts that are not a multiple of 8 leave the last group partly empty.
+    nibbles = torch.randint(0, 256, (cols, 288), generator=G, dtype=torch.uint8)
+    scales, mins = torch.rand(cols, 18, generator=G) * 0.01, torch.randn(cols, 18, generator=G) * 0.01
+    bias = torch.randn(cols, generator=G)
+    got = native.q4_block_linear(x, interleave_q4(unpack_block_nibbles(nibbles)), interleave_columns(scales),
+                                 interleave_columns(mins), bias, cols)
+    assert got.shape == (rows, cols) and got.dtype == torch.float32
     torch.testing.assert_close(got, q4_block_linear_ref(x, nibbles, scales, mins, bias), rtol=1e-5, atol=1e-5)
-    w8 = torch.randint(-127, 128, (200, 576), generator=G, dtype=torch.int8)
-    got8 = native.q8_block_linear(x, w8, scales, None)
+    w8 = torch.randint(-127, 128, (cols, 576), generator=G, dtype=torch.int8)
+    w8[:, :32] = -127                                # the sign trick at the range's end
+    got8 = native.q8_block_linear(x, interleave_q8(w8), interleave_columns(scales), None, cols)
     torch.testing.assert_close(got8, q8_block_linear_ref(x, w8, scales, None), rtol=1e-5, atol=1e-4)
 
 
@@ -109,7 +113,7 @@ def test_w4a8_layer_method_and_width_check():
     dense = Linear(64, 32, True, torch.float32)
     dense.weight.copy_(torch.randn(32, 64, generator=G))
     layer = quantized_linear("w4a8", dense, 128)       # blocks of 32, whatever the group size says
-    assert isinstance(layer, BlockQ4Linear) and layer.scales.shape == (32, 2)
+    assert isinstance(layer, BlockQ4Linear) and layer.portable["scales"].shape == (32, 2)
     with pytest.raises(ValueError, match="multiple of 32"):
         BlockQ8Linear.from_weight(torch.randn(4, 48), None)
 
