@@ -102,11 +102,18 @@ struct BlockOps {
       for (int g = 0; g < GMAX; ++g) s[g] += qf[g][d] * kd;
     }
   }
-  // acc[g] += w[g] * v[t] for one token's value row.
-  static inline void add_row(const ST* vr, const float* w, v16f (*acc)[DIM / 16]) {
+  // acc[g] += sum_t p[g][t] * v[t] over the block's first n_tok value rows. One 16-dim chunk
+  // at a time, tokens inside: GMAX chunk accumulators stay in registers even where a vector
+  // is two AVX2 registers (all DIM / 16 chunks of GMAX heads would not fit).
+  static inline void add_block(const ST* vb, const float (*p)[16], int n_tok, v16f (*acc)[DIM / 16]) {
     for (int c = 0; c < DIM / 16; ++c) {
-      const v16f vv = load16(vr + c * 16);
-      for (int g = 0; g < GMAX; ++g) acc[g][c] += w[g] * vv;
+      v16f a[GMAX];
+      for (int g = 0; g < GMAX; ++g) a[g] = acc[g][c];
+      for (int t = 0; t < n_tok; ++t) {
+        const v16f vv = load16(vb + t * kRowElems + c * 16);
+        for (int g = 0; g < GMAX; ++g) a[g] += p[g][t] * vv;
+      }
+      for (int g = 0; g < GMAX; ++g) acc[g][c] = a[g];
     }
   }
 };
@@ -126,14 +133,25 @@ struct BlockOps<Int4Pair, DIM, GMAX> {
       for (int g = 0; g < GMAX; ++g) s[g] += qf[g][i] * lo + qf[g][i + DIM / 2] * hi;
     }
   }
-  static inline void add_row(const Int4Pair* vr, const float* w, v16f (*acc)[DIM / 16]) {
+  static inline void add_block(const Int4Pair* vb, const float (*p)[16], int n_tok, v16f (*acc)[DIM / 16]) {
     constexpr int H = DIM / 32;   // 16-lane chunks per half of the head
     for (int c = 0; c < H; ++c) {
-      v16f lo, hi;
-      load16_nibbles(vr + c * 16, lo, hi);
+      v16f a_lo[GMAX], a_hi[GMAX];
       for (int g = 0; g < GMAX; ++g) {
-        acc[g][c] += w[g] * lo;
-        acc[g][c + H] += w[g] * hi;
+        a_lo[g] = acc[g][c];
+        a_hi[g] = acc[g][c + H];
+      }
+      for (int t = 0; t < n_tok; ++t) {
+        v16f lo, hi;
+        load16_nibbles(vb + t * kRowElems + c * 16, lo, hi);
+        for (int g = 0; g < GMAX; ++g) {
+          a_lo[g] += p[g][t] * lo;
+          a_hi[g] += p[g][t] * hi;
+        }
+      }
+      for (int g = 0; g < GMAX; ++g) {
+        acc[g][c] = a_lo[g];
+        acc[g][c + H] = a_hi[g];
       }
     }
   }
@@ -209,9 +227,9 @@ void attention_kernel_v16(const QT* q, const ST* k_pool, const ST* v_pool, const
           for (int t = 0; t < n_tok; ++t) block_max = std::max(block_max, sc[t]);
           for (int t = n_tok; t < BS; ++t) sc[t] = -std::numeric_limits<float>::infinity();
           std::memcpy(&s[g], sc, 64);
-          v16f e = exp16(s[g] - block_max);
-          e = s[g] == -std::numeric_limits<float>::infinity() ? v16f{} : e;
+          const v16f e = exp16(s[g] - block_max);
           std::memcpy(p[g], &e, 64);
+          for (int t = n_tok; t < BS; ++t) p[g][t] = 0.f;
           float sum = 0.f;
           for (int t = 0; t < BS; ++t) sum += p[g][t];
           const float correction = std::exp(m[g] - block_max);
@@ -225,11 +243,7 @@ void attention_kernel_v16(const QT* q, const ST* k_pool, const ST* v_pool, const
             for (int t = 0; t < BS; ++t) p[g][t] *= vs[t];
           }
         }
-        for (int t = 0; t < n_tok; ++t) {
-          float w[GMAX];
-          for (int g = 0; g < GMAX; ++g) w[g] = p[g][t];
-          Ops::add_row(vb + t * Ops::kRowElems, w, acc);
-        }
+        Ops::add_block(vb, p, n_tok, acc);
         if constexpr (Ops::kZero)
           for (int g = 0; g < GMAX; ++g)
             for (int c = 0; c < C; ++c) acc[g][c] += zsum[g];

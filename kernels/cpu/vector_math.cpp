@@ -11,7 +11,7 @@
 #include <type_traits>
 #include <vector>
 
-#if defined(__AVX512F__)
+#if defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
@@ -28,7 +28,35 @@ inline float to_f32(uint16_t bf16_bits) {
 inline void store_out(float* p, int64_t i, float v) { p[i] = v; }
 inline void store_out(at::BFloat16* p, int64_t i, float v) { p[i] = at::BFloat16(v); }
 
-// 16 fp32 lanes (GCC/Clang vector extensions; AVX-512 with -march=native).
+// 16 fp32 lanes: one AVX-512 register through GCC/Clang vector extensions, or on AVX2-only CPUs
+// a pair of 8-lane registers. GCC lowers a 64-byte generic vector on AVX2 through the stack (a
+// store and a reload around most operations, ~10x slower attention), so there it is a struct of
+// two __m256 with the operators the kernels use.
+#if defined(__AVX2__) && !defined(__AVX512F__)
+struct v16f {
+  __m256 lo, hi;
+  float operator[](int i) const {
+    alignas(32) float tmp[16];
+    _mm256_store_ps(tmp, lo);
+    _mm256_store_ps(tmp + 8, hi);
+    return tmp[i];
+  }
+};
+inline v16f operator+(v16f a, v16f b) { return {_mm256_add_ps(a.lo, b.lo), _mm256_add_ps(a.hi, b.hi)}; }
+inline v16f operator-(v16f a, v16f b) { return {_mm256_sub_ps(a.lo, b.lo), _mm256_sub_ps(a.hi, b.hi)}; }
+inline v16f operator*(v16f a, v16f b) { return {_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi)}; }
+inline v16f splat16(float x) { return {_mm256_set1_ps(x), _mm256_set1_ps(x)}; }
+inline v16f operator*(float a, v16f b) { return splat16(a) * b; }
+inline v16f operator*(v16f a, float b) { return a * splat16(b); }
+inline v16f operator-(v16f a, float b) { return a - splat16(b); }
+inline v16f operator+(v16f a, float b) { return a + splat16(b); }
+inline v16f& operator+=(v16f& a, float b) { return a = a + b; }
+inline v16f& operator+=(v16f& a, v16f b) { return a = a + b; }
+inline v16f& operator*=(v16f& a, v16f b) { return a = a * b; }
+inline v16f& operator*=(v16f& a, float b) { return a = a * b; }
+
+inline v16f load16(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
+#else
 typedef float v16f __attribute__((vector_size(64)));
 
 inline v16f load16(const float* p) {
@@ -36,6 +64,7 @@ inline v16f load16(const float* p) {
   std::memcpy(&r, p, 64);
   return r;
 }
+#endif
 // FP8 e4m3fn storage (bias 7, no infinities, 0x7F/0xFF NaN, never written by our kernels).
 struct Fp8E4M3 {
   uint8_t bits;
@@ -82,6 +111,24 @@ inline void load16_nibbles(const Int4Pair* p, v16f& lo, v16f& hi) {
   lo = as_v16f(_mm512_cvtepi32_ps(_mm512_and_si512(w, _mm512_set1_epi32(15))));
   hi = as_v16f(_mm512_cvtepi32_ps(_mm512_srli_epi32(w, 4)));
 }
+#elif defined(__AVX2__)
+inline __m256 bytes8_to_ps(const int8_t* p) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+inline v16f load16(const int8_t* p) { return {bytes8_to_ps(p), bytes8_to_ps(p + 8)}; }
+inline v16f load16(const Fp8E4M3* p) {
+  const __m256i w = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  const __m256i bits = _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(w, _mm256_set1_epi16(0x80)), 8),
+                                       _mm256_slli_epi16(_mm256_and_si256(w, _mm256_set1_epi16(0x7F)), 7));
+  return {_mm256_cvtph_ps(_mm256_castsi256_si128(bits)), _mm256_cvtph_ps(_mm256_extracti128_si256(bits, 1))};
+}
+inline void load16_nibbles(const Int4Pair* p, v16f& lo, v16f& hi) {
+  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  const __m256i w0 = _mm256_cvtepu8_epi32(raw), w1 = _mm256_cvtepu8_epi32(_mm_srli_si128(raw, 8));
+  const __m256i m = _mm256_set1_epi32(15);
+  lo = {_mm256_cvtepi32_ps(_mm256_and_si256(w0, m)), _mm256_cvtepi32_ps(_mm256_and_si256(w1, m))};
+  hi = {_mm256_cvtepi32_ps(_mm256_srli_epi32(w0, 4)), _mm256_cvtepi32_ps(_mm256_srli_epi32(w1, 4))};
+}
 #else
 inline v16f load16(const int8_t* p) {
   v16f r;
@@ -114,6 +161,24 @@ inline v16f load16(const uint16_t* p) {
 
 // exp on 16 lanes: 2^(x log2 e) split into 2^n * 2^f, with a degree-6 polynomial for
 // 2^f on [-0.5, 0.5] (relative error ~2e-7, below bf16 and fp32 softmax noise).
+#if defined(__AVX2__) && !defined(__AVX512F__)
+inline __m256 exp8(__m256 x) {
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
+  const __m256 t = _mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f));
+  const __m256 half = _mm256_blendv_ps(_mm256_set1_ps(0.5f), _mm256_set1_ps(-0.5f), t);   // sign of t
+  const __m256i ni = _mm256_cvttps_epi32(_mm256_add_ps(t, half));
+  const __m256 f = _mm256_sub_ps(t, _mm256_cvtepi32_ps(ni));
+  __m256 poly = _mm256_set1_ps(1.5403530393381606e-4f);
+  poly = _mm256_fmadd_ps(poly, f, _mm256_set1_ps(1.3333558146428443e-3f));
+  poly = _mm256_fmadd_ps(poly, f, _mm256_set1_ps(9.6181291076284772e-3f));
+  poly = _mm256_fmadd_ps(poly, f, _mm256_set1_ps(5.5504108664821580e-2f));
+  poly = _mm256_fmadd_ps(poly, f, _mm256_set1_ps(2.4022650695910071e-1f));
+  poly = _mm256_fmadd_ps(poly, f, _mm256_set1_ps(6.9314718055994531e-1f));
+  poly = _mm256_fmadd_ps(poly, f, _mm256_set1_ps(1.0f));
+  return _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(poly), _mm256_slli_epi32(ni, 23)));
+}
+inline v16f exp16(v16f x) { return {exp8(x.lo), exp8(x.hi)}; }
+#else
 inline v16f exp16(v16f x) {
   typedef int32_t v16i __attribute__((vector_size(64)));
   const v16f lo = v16f{} - 87.0f, hi = v16f{} + 88.0f;
@@ -136,5 +201,6 @@ inline v16f exp16(v16f x) {
   std::memcpy(&r, &bits, 64);
   return r;
 }
+#endif
 
 }  // namespace
