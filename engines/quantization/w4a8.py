@@ -27,8 +27,30 @@ from kernels.reference_gemm import (q4_block_linear_ref, q8_block_linear_ref, qu
 BLOCK = 32
 
 
+_NATIVE_DTYPES = (torch.float32, torch.bfloat16)
+
+
 def _native(x: torch.Tensor):
-    return load_cpu_kernels() if x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16) else None
+    return load_cpu_kernels() if x.is_cpu and x.dtype in _NATIVE_DTYPES else None
+
+
+class _KernelArgs:
+    """The kernel's tensors as one plain tuple, cached: at batch 1 a linear's arithmetic takes
+    microseconds, and reading buffers through nn.Module attribute lookup cost as much again.
+    Rebuilt after anything that moves or converts the module's tensors (`_apply`)."""
+
+    _ARG_NAMES: tuple[str, ...] = ()
+
+    def _kernel_args(self) -> tuple:
+        args = self.__dict__.get("_args")
+        if args is None:
+            args = tuple(getattr(self, name) for name in self._ARG_NAMES)
+            self.__dict__["_args"] = args
+        return args
+
+    def _apply(self, fn, recurse=True):
+        self.__dict__["_args"] = None
+        return super()._apply(fn, recurse)
 
 
 def pack_block_nibbles(q: torch.Tensor) -> torch.Tensor:
@@ -53,7 +75,7 @@ def _check_width(k: int) -> None:
         raise ValueError(f"block-quantized linears need an input width that is a multiple of {BLOCK}, not {k}")
 
 
-class BlockQ4Linear(nn.Module):
+class BlockQ4Linear(_KernelArgs, nn.Module):
     """w = scale * q + min per block of 32, q in 0..15. Held in the kernel's interleaved layout
     (kernels/block_layout.py); `portable` gives the GGUF block order back."""
 
@@ -88,20 +110,24 @@ class BlockQ4Linear(nn.Module):
         mins = deinterleave_columns(self.packed_mins, n)
         return (q * scales[..., None] + mins[..., None]).view(n, k)
 
+    _ARG_NAMES = ("packed", "packed_scales", "packed_mins", "bias")
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        native = _native(x)
+        if native is not None and x.dim() == 2:     # the model's [tokens, features]: the short path
+            out = native.q4_block_linear(x, *self._kernel_args(), self.out_features)
+            return out if x.dtype is torch.float32 else out.to(x.dtype)
         shape = x.shape
         flat = x.reshape(-1, shape[-1])
-        native = _native(x)
         if native is not None:
-            out = native.q4_block_linear(flat, self.packed, self.packed_scales, self.packed_mins, self.bias,
-                                         self.out_features)
+            out = native.q4_block_linear(flat, *self._kernel_args(), self.out_features)
         else:
             p = self.portable
             out = q4_block_linear_ref(flat, p["nibbles"], p["scales"], p["mins"], self.bias)
         return out.to(x.dtype).view(*shape[:-1], self.out_features)
 
 
-class BlockQ8Linear(nn.Module):
+class BlockQ8Linear(_KernelArgs, nn.Module):
     """w = scale * q per block of 32, q in -127..127. Held in the kernel's interleaved layout."""
 
     def __init__(self, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None):
@@ -126,17 +152,22 @@ class BlockQ8Linear(nn.Module):
         p = self.portable
         return (p["qweight"].float().view(n, k // BLOCK, BLOCK) * p["scales"][..., None]).view(n, k)
 
+    _ARG_NAMES = ("packed", "packed_scales", "bias")
+
     def forward_float(self, x: torch.Tensor) -> torch.Tensor:
         """The product in fp32 whatever x's dtype (an output head's logits)."""
+        native = _native(x)
+        if native is not None and x.dim() == 2:
+            return native.q8_block_linear(x, *self._kernel_args(), self.out_features)
         shape = x.shape
         flat = x.reshape(-1, shape[-1])
-        native = _native(x)
         if native is not None:
-            out = native.q8_block_linear(flat, self.packed, self.packed_scales, self.bias, self.out_features)
+            out = native.q8_block_linear(flat, *self._kernel_args(), self.out_features)
         else:
             p = self.portable
             out = q8_block_linear_ref(flat, p["qweight"], p["scales"], self.bias)
         return out.view(*shape[:-1], self.out_features)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.forward_float(x).to(x.dtype)
+        out = self.forward_float(x)
+        return out if x.dtype is torch.float32 else out.to(x.dtype)
