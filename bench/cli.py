@@ -7,8 +7,12 @@ from __future__ import annotations
 
 import argparse
 
+from engines.quantization.methods import GGUF_METHODS, LAYER_METHODS
 from gateway.cli.usage_error import UsageError
 from policies.cascade import PER_TOKEN_SIGNALS
+
+# Methods that quantize a loaded model in-process, without calibration text.
+QUANTIZATION_CHOICES = (*LAYER_METHODS, *GGUF_METHODS)
 
 
 def add_bench_parsers(bench_sub) -> None:
@@ -30,6 +34,8 @@ def add_bench_parsers(bench_sub) -> None:
                          help="run the engine in N worker processes (a tier's engine_processes), "
                               "each with --max-num-seqs and --kv-cache-mib of its own; 0: in this process")
     offline.add_argument("--threads", type=int, help="CPU threads of each engine process (default: torch's)")
+    offline.add_argument("--quantization", choices=QUANTIZATION_CHOICES,
+                         help="tiergate's weights quantized in-process, as a tier's `quantization` (default: dense)")
     offline.add_argument("--report", dest="report_dir", help="also write DIR/report.md with PNG plots")
     offline.set_defaults(run=_reported("offline", _bench_offline))
     prefix = bench_sub.add_parser("prefix", help="time to first token, cold vs warm prefix cache")
@@ -109,8 +115,7 @@ def add_bench_parsers(bench_sub) -> None:
     prof.add_argument("--batch-sizes", default="1,8,32,128")
     prof.add_argument("--model", default="default", help="'default', 'qwen', a .gguf file or an HF directory")
     prof.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
-    prof.add_argument("--quantization", choices=["int8", "w8a8", "int4-rtn", "int4-gguf", "fp8", "w4a8",
-                                                  "w4a8-gguf"],
+    prof.add_argument("--quantization", choices=QUANTIZATION_CHOICES,
                       help="weights quantized in-process before profiling (default: unquantized)")
     prof.add_argument("--steps", type=int, default=16, help="decode steps timed per batch size")
     prof.add_argument("--max-prompt-tokens", type=int, default=256)
@@ -241,7 +246,8 @@ def _bench_offline(args: argparse.Namespace) -> int:
     from bench.engine.offline import run_offline_bench
     sizes = [int(x) for x in args.hf_batch_sizes.split(",") if x]
     return run_offline_bench(args.json_out, args.num_requests, args.dtype, sizes, args.max_num_seqs,
-                             args.max_num_batched_tokens, args.kv_cache_mib, args.engine_processes, args.threads)
+                             args.max_num_batched_tokens, args.kv_cache_mib, args.engine_processes, args.threads,
+                             args.quantization)
 
 
 def _bench_prefix(args: argparse.Namespace) -> int:

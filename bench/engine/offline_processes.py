@@ -18,9 +18,19 @@ from engines.sampling_params import SamplingParams
 from bench.datasets.sharegpt import BenchRequest
 
 
-def build_bench_engine(source: str, dtype: str, config: EngineConfig) -> LLMEngine:
+def build_bench_engine(source: str, dtype: str, config: EngineConfig, quantization: str | None = None) -> LLMEngine:
     """A worker's engine (module level: the worker process unpickles it by name)."""
-    return LLMEngine(load_model(source, dtype), config)
+    loaded = load_model(source, dtype)
+    if quantization:
+        quantize_in_process(loaded, quantization)
+    return LLMEngine(loaded, config)
+
+
+def quantize_in_process(loaded: LoadedModel, method: str) -> None:
+    from engines.quantization.build import quantize_loaded
+    from engines.quantization.methods import effective_group_size
+
+    quantize_loaded(loaded, method, effective_group_size(method, 64))
 
 
 async def _run(engine: ProcessEngine, requests: list[BenchRequest], warmup_ids: list[int]) -> dict:
@@ -55,8 +65,8 @@ async def _run(engine: ProcessEngine, requests: list[BenchRequest], warmup_ids: 
 
 
 def run_in_engine_processes(loaded: LoadedModel, requests: list[BenchRequest], dtype: str, config: EngineConfig,
-                            processes: int, threads: int | None) -> dict:
-    build = functools.partial(build_bench_engine, str(loaded.path), dtype, config)
+                            processes: int, threads: int | None, quantization: str | None = None) -> dict:
+    build = functools.partial(build_bench_engine, str(loaded.path), dtype, config, quantization)
     engine = ProcessEngine(build, GrammarCompiler(loaded.tokenizer, loaded.config.vocab_size),
                            tokenizer=loaded.tokenizer, workers=processes, threads=threads)
     try:
