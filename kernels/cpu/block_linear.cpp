@@ -104,6 +104,16 @@ struct Activations {
   const float* s;    // [M, K/32]
 };
 
+// Rows m0 .. m0 + MT of column group g (+ bias) into out [M, N]; the last group may be partial.
+template <int MT>
+void write_group(const float (*res)[8], const float* bias, float* out, int64_t N, int64_t m0, int64_t g) {
+  const int64_t cols = std::min<int64_t>(8, N - g * 8);
+  for (int t = 0; t < MT; ++t) {
+    float* o = out + (m0 + t) * N + g * 8;
+    for (int c = 0; c < cols; ++c) o[c] = bias ? res[t][c] + bias[g * 8 + c] : res[t][c];
+  }
+}
+
 // 4-bit weights interleaved by column groups of 8 (see w4a8.py, interleave_q4): for group g and
 // block b, 128 bytes as 4 vectors of 32; vector j holds, for columns c = 0..7 and kk = 0..3 at
 // byte 4c + kk, weight k = 4j + kk of the block in the low nibble and k = 16 + 4j + kk in the
@@ -171,11 +181,7 @@ void q4_tile(const uint8_t* wq, const float* wd, const float* wm, const Activati
       }
     }
 #endif
-    const int64_t cols = std::min<int64_t>(8, N - g * 8);
-    for (int t = 0; t < MT; ++t) {
-      float* o = out + (m0 + t) * N + g * 8;
-      for (int c = 0; c < cols; ++c) o[c] = bias ? res[t][c] + bias[g * 8 + c] : res[t][c];
-    }
+    write_group<MT>(res, bias, out, N, m0, g);
   }
 }
 
@@ -232,11 +238,7 @@ void q8_tile(const int8_t* wq, const float* wd, const Activations& a, int64_t K,
       }
     }
 #endif
-    const int64_t cols = std::min<int64_t>(8, N - g * 8);
-    for (int t = 0; t < MT; ++t) {
-      float* o = out + (m0 + t) * N + g * 8;
-      for (int c = 0; c < cols; ++c) o[c] = bias ? res[t][c] + bias[g * 8 + c] : res[t][c];
-    }
+    write_group<MT>(res, bias, out, N, m0, g);
   }
 }
 

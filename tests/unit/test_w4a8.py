@@ -147,3 +147,20 @@ def test_artifact_round_trip_keeps_block_layers_and_the_head(tmp_path):
     assert isinstance(fresh.layers[0].mlp.gate_up_proj, BlockQ4Linear)
     got = _logits(fresh, 5)
     assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("kind", ["q4", "q8"])
+def test_cached_kernel_tensors_follow_the_module_when_it_is_moved(kind):
+    w = torch.randn(16, 64, generator=G) * 0.05
+    layer = (BlockQ4Linear.from_groups(*quantize_int4(w, 32), None) if kind == "q4"
+             else BlockQ8Linear.from_weight(w, None))
+    x = torch.randn(3, 64, generator=G)
+    before = layer(x)
+    # .to() / .cpu() / .share_memory() go through _apply with new tensors; the cached tuple must
+    # name the module's current buffers, not the ones it held at the first call.
+    layer._apply(lambda t: t.clone())
+    assert all(a is b for a, b in zip(layer._kernel_args(), (layer.packed, layer.packed_scales)))
+    layer.packed_scales.mul_(2.0)                    # w = scale * q (+ min): doubling both doubles w
+    if kind == "q4":
+        layer.packed_mins.mul_(2.0)
+    torch.testing.assert_close(layer(x), 2.0 * before, rtol=1e-5, atol=1e-6)
