@@ -88,6 +88,9 @@ def add_bench_parsers(bench_sub) -> None:
     serve.add_argument("--ignore-eos", action="store_true", help="ask the server to always emit --max-tokens")
     serve.add_argument("--header", action="append", default=[], metavar="NAME:VALUE",
                        help="extra request header (repeatable), e.g. 'x-tiergate-profile: latency'")
+    serve.add_argument("--compare-header", action="append", default=[], metavar="NAME:VALUE",
+                       help="extra request header for the --compare server (repeatable; --header goes to the "
+                            "first server only)")
     serve.add_argument("--compare", metavar="URL", help="a second OpenAI-compatible server (base URL ending in "
                                                          "/v1) run on the same requests in the same command")
     serve.add_argument("--compare-model", help="model name for --compare (default: the first it lists)")
@@ -287,23 +290,29 @@ def _bench_serve(args: argparse.Namespace) -> int:
     if args.warmup < 0:
         raise UsageError("--warmup must be >= 0")
     api_key = args.api_key or os.environ.get("TIERGATE_API_KEY")
-    headers = {}
-    for item in args.header:
-        name, sep, value = item.partition(":")
-        if not sep or not name.strip():
-            raise UsageError(f"--header must look like 'name: value', got {item!r}")
-        headers[name.strip()] = value.strip()
+    headers, compare_headers = _parse_headers(args.header), _parse_headers(args.compare_header)
     if args.compare or (levels is not None and len(levels) > 1):
         from bench.serving.compare import Target, run_sweep_bench
         if levels is None:
             raise UsageError("--compare runs closed loop: give --concurrency (a level or a comma list)")
         primary = Target(args.base_url, args.model, api_key, headers)
-        compare = Target(args.compare, args.compare_model, args.compare_api_key) if args.compare else None
+        compare = (Target(args.compare, args.compare_model, args.compare_api_key, compare_headers)
+                   if args.compare else None)
         return run_sweep_bench(args.json_out, primary, compare, levels, args.num_requests, args.max_prompt_tokens,
                                args.max_tokens, args.seed, args.ignore_eos, args.warmup)
     return run_serve_bench(args.json_out, args.base_url, args.model, args.num_requests, args.request_rate,
                            levels[0] if levels else None, args.max_prompt_tokens, args.max_tokens, api_key,
                            args.seed, args.ignore_eos, headers)
+
+
+def _parse_headers(items: list[str]) -> dict[str, str]:
+    headers = {}
+    for item in items:
+        name, sep, value = item.partition(":")
+        if not sep or not name.strip():
+            raise UsageError(f"--header must look like 'name: value', got {item!r}")
+        headers[name.strip()] = value.strip()
+    return headers
 
 
 def _concurrency_levels(text: str | None) -> list[int] | None:

@@ -175,3 +175,17 @@ def test_concurrency_list_and_compare_usage_errors(tmp_path, capsys):
     assert main(["bench", "serve", "--json", out, "--concurrency", "0,8"]) == 2
     assert main(["bench", "serve", "--json", out, "--compare", "http://127.0.0.1:9/v1"]) == 2
     assert "give --concurrency" in capsys.readouterr().err
+
+
+def test_compare_header_goes_to_the_compare_server_only(scripted_server, tmp_path):
+    """Two tiergate configurations compared need the profile hint on both sides: --header reaches
+    the first server only, --compare-header the second."""
+    from gateway.cli.main import main
+
+    url, _ = scripted_server
+    out = tmp_path / "c.json"
+    assert main(["bench", "serve", "--json", str(out), "--base-url", url, "--model", "scripted", "--compare", url,
+                 "--compare-model", "scripted", "--concurrency", "1", "--num-requests", "2", "--warmup", "0",
+                 "--max-tokens", "3", "--compare-header", "x-tiergate-profile: latency"]) == 0
+    level = json.loads(out.read_text())["levels"][0]
+    assert level["server"]["served_by"] == {"small": 2} and level["compare"]["served_by"] == {"fast": 2}
