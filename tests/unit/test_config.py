@@ -18,7 +18,7 @@ def test_default_config_is_the_three_tier_embedded_default():
     assert (large.quantization, large.kv_cache_dtype) == ("int4-gguf", "int8")
     # the latency tier speculates; FP8 weights are a storage format on a CPU (dequantized per matmul)
     assert fast.speculative.method == "ngram" and fast.quantization == "w4a8-gguf"
-    assert small.quantization == "w4a8-gguf" and small.speculative is None
+    assert (small.quantization, small.kv_cache_dtype) == ("w4a8-gguf", "int8") and small.speculative is None
     assert all(t.dtype == "auto" for t in cfg.tiers.values())
     assert not cfg.auth.enabled and is_loopback(cfg.server.host)
     assert list(cfg.models) == ["auto", "smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct"]
