@@ -34,6 +34,16 @@ def _native(x: torch.Tensor):
     return load_cpu_kernels() if x.is_cpu and x.dtype in _NATIVE_DTYPES else None
 
 
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """[..., K] -> [M, K]; the model's 2-D activations pass through without a reshape (at batch 1
+    each Python op is a visible share of a linear)."""
+    return x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
+
+
+def _unrows(out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    return out if x.dim() == 2 else out.view(*x.shape[:-1], out.shape[-1])
+
+
 class _KernelArgs:
     """The kernel's tensors as one plain tuple, cached: at batch 1 a linear's arithmetic takes
     microseconds, and reading buffers through nn.Module attribute lookup cost as much again.
@@ -114,17 +124,14 @@ class BlockQ4Linear(_KernelArgs, nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         native = _native(x)
-        if native is not None and x.dim() == 2:     # the model's [tokens, features]: the short path
-            out = native.q4_block_linear(x, *self._kernel_args(), self.out_features)
-            return out if x.dtype is torch.float32 else out.to(x.dtype)
-        shape = x.shape
-        flat = x.reshape(-1, shape[-1])
+        flat = _rows(x)
         if native is not None:
             out = native.q4_block_linear(flat, *self._kernel_args(), self.out_features)
         else:
             p = self.portable
             out = q4_block_linear_ref(flat, p["nibbles"], p["scales"], p["mins"], self.bias)
-        return out.to(x.dtype).view(*shape[:-1], self.out_features)
+        out = _unrows(out, x)
+        return out if x.dtype is torch.float32 else out.to(x.dtype)
 
 
 class BlockQ8Linear(_KernelArgs, nn.Module):
@@ -157,16 +164,13 @@ class BlockQ8Linear(_KernelArgs, nn.Module):
     def forward_float(self, x: torch.Tensor) -> torch.Tensor:
         """The product in fp32 whatever x's dtype (an output head's logits)."""
         native = _native(x)
-        if native is not None and x.dim() == 2:
-            return native.q8_block_linear(x, *self._kernel_args(), self.out_features)
-        shape = x.shape
-        flat = x.reshape(-1, shape[-1])
+        flat = _rows(x)
         if native is not None:
             out = native.q8_block_linear(flat, *self._kernel_args(), self.out_features)
         else:
             p = self.portable
             out = q8_block_linear_ref(flat, p["qweight"], p["scales"], self.bias)
-        return out.view(*shape[:-1], self.out_features)
+        return _unrows(out, x)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.forward_float(x)
