@@ -36,6 +36,8 @@ def add_bench_parsers(bench_sub) -> None:
     offline.add_argument("--threads", type=int, help="CPU threads of each engine process (default: torch's)")
     offline.add_argument("--quantization", choices=QUANTIZATION_CHOICES,
                          help="tiergate's weights quantized in-process, as a tier's `quantization` (default: dense)")
+    offline.add_argument("--kv-cache-dtype", choices=["int8"],
+                         help="the KV cache's storage, as a tier's `kv_cache_dtype` (default: the model's dtype)")
     offline.add_argument("--report", dest="report_dir", help="also write DIR/report.md with PNG plots")
     offline.set_defaults(run=_reported("offline", _bench_offline))
     prefix = bench_sub.add_parser("prefix", help="time to first token, cold vs warm prefix cache")
@@ -200,6 +202,9 @@ def add_bench_parsers(bench_sub) -> None:
                        help="the small tier's model, whose prompt hidden states join the text features; 'none': "
                             "a text-only model (routes at classification, with no small-tier work)")
     train.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    train.add_argument("--prefill-rows", default=None,
+                       help="prompt rows the model reads, counted back from the last prompt token, e.g. '0,5' "
+                            "(default: the last token and the one that closes the user's turn)")
     train.add_argument("--prefill-cache", default=None,
                        help="an .npz file keeping the prompt hidden states for reruns")
     train.set_defaults(run=_bench_routing_train)
@@ -250,7 +255,7 @@ def _bench_offline(args: argparse.Namespace) -> int:
     sizes = [int(x) for x in args.hf_batch_sizes.split(",") if x]
     return run_offline_bench(args.json_out, args.num_requests, args.dtype, sizes, args.max_num_seqs,
                              args.max_num_batched_tokens, args.kv_cache_mib, args.engine_processes, args.threads,
-                             args.quantization)
+                             args.quantization, args.kv_cache_dtype)
 
 
 def _bench_prefix(args: argparse.Namespace) -> int:
@@ -371,7 +376,19 @@ def _bench_routing_train(args: argparse.Namespace) -> int:
     from bench.routing.workload import WorkloadError
     if not 0 < args.share < 1 or args.folds < 2 or args.min_prompts_per_feature < 1:
         raise UsageError("need 0 < --share < 1, --folds >= 2 and --min-prompts-per-feature >= 1")
-    options = TrainOptions(min_prompts_per_feature=args.min_prompts_per_feature, folds=args.folds, share=args.share)
+    rows = None
+    if args.prefill_rows:
+        try:
+            rows = tuple(int(r) for r in args.prefill_rows.split(","))
+        except ValueError:
+            raise UsageError("--prefill-rows takes offsets like '0,5'") from None
+        from policies.gain_model import GainModelError, PrefillWeights
+        try:
+            PrefillWeights("", (0.0,) * len(rows), rows)
+        except GainModelError as exc:
+            raise UsageError(f"--prefill-rows: {exc}") from None
+    options = TrainOptions(min_prompts_per_feature=args.min_prompts_per_feature, folds=args.folds, share=args.share,
+                           prefill_rows=rows)
     try:
         return run_train(args.labels, args.out, options,
                          None if args.prefill_model.lower() == "none" else args.prefill_model, args.dtype,

@@ -74,10 +74,11 @@ class BlockManager:
             hashes.append(parent)
 
     def _lookup_prefix(self, seq: Sequence) -> list[int]:
-        """Cached blocks covering a prefix of `seq`, leaving at least its last token to compute."""
+        """Cached blocks covering a prefix of `seq`, leaving at least its last token (and the
+        rows of a prompt hidden state it waits for) to compute."""
         if not self.enable_prefix_caching:
             return []
-        max_blocks = (seq.num_tokens - 1) // self.block_size
+        max_blocks = (seq.num_tokens - seq.prompt_rows_to_compute) // self.block_size
         self._extend_hashes(seq, max_blocks)
         tokens = seq.all_token_ids
         bs = self.block_size

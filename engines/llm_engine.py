@@ -185,8 +185,8 @@ class LLMEngine:
         """A first token's entry gets its prompt's hidden state when its request asked for it:
         the entry's first logit row, which a prefill computes whether or not a prefix was cached."""
         hidden = self.runner.logit_hidden
-        return [p._replace(prompt_hidden=hidden[rows[id(p.entry)]].float().tolist()) if id(p.entry) in rows else p
-                for p in picked]
+        return [p._replace(prompt_hidden=_prompt_hidden(p.entry.seq, hidden[rows[id(p.entry)]]))
+                if id(p.entry) in rows else p for p in picked]
 
     def _sample(self, plain: list[tuple[ScheduledSeq, int]], logits: torch.Tensor) -> list[_Picked]:
         rows = [r for _, r in plain]
@@ -305,3 +305,16 @@ def _grammar_done(seq: Sequence, token: int) -> bool:
     if state is None:
         return False
     return not state.accept(token) or state.is_stopped
+
+
+def _prompt_hidden(seq, last_row: torch.Tensor) -> list[float] | None:
+    """The request's prompt hidden state: its rows in the order it asked for them (the last
+    token's is the first logit row; the others were kept as its prefill computed them)."""
+    parts = []
+    for back in seq.params.prompt_hidden_rows:
+        part = last_row if back == 0 else seq.prompt_hidden_parts.get(back)
+        if part is None:
+            return None
+        parts.append(part)
+    seq.prompt_hidden_parts = {}
+    return torch.cat(parts).float().tolist() if len(parts) > 1 else parts[0].float().tolist()

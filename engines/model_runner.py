@@ -22,6 +22,7 @@ from engines.attention.paged import PagedAttention, PagedStepMetadata, build_ste
 from engines.kv_cache import KVPool
 from engines.model import LlamaForCausalLM
 from engines.scheduler import ScheduledSeq
+from engines.sequence import Sequence
 
 
 @dataclass
@@ -58,6 +59,7 @@ class ModelRunner:
         self._attn: StepAttention = PagedAttention(pool)
         self._hooks: list[ForwardHook] = []
         self.logit_hidden: torch.Tensor | None = None    # the last forward's logit rows, before the head
+        self.kept_hidden: torch.Tensor | tuple = ()      # the last forward's `keep_rows`
 
     # ---- the ways in -----------------------------------------------------------------
     @property
@@ -88,6 +90,8 @@ class ModelRunner:
         started = time.perf_counter()
         chunks: list[Chunk] = []
         sampling: list[ScheduledSeq] = []
+        captures: list[tuple[int, Sequence, int]] = []    # (flat row, sequence, rows back)
+        flat = 0
         for s in scheduled:
             seq, start = s.seq, s.start
             if s.num_tokens == 1 and start >= len(seq.prompt_ids):
@@ -97,17 +101,23 @@ class ModelRunner:
             if s.draft_ids:
                 ids = ids + s.draft_ids
             chunks.append(Chunk(seq.block_table, start, ids, s.num_rows))
+            if seq.params.prompt_hidden and not seq.output_ids:
+                captures.extend(_prompt_rows_in_chunk(seq, start, s.num_tokens, flat))
+            flat += len(ids)
             if s.samples:
                 sampling.append(s)
-        logits = self.forward(chunks)
+        logits = self.forward(chunks, [row for row, _, _ in captures])
+        for (_, seq, back), hidden in zip(captures, self.kept_hidden):
+            seq.prompt_hidden_parts[back] = hidden
         if self._hooks:
             seconds = time.perf_counter() - started
             for hook in self._hooks:
                 hook.after_forward(scheduled, seconds)
         return sampling, logits
 
-    def forward(self, chunks: list[Chunk]) -> torch.Tensor:
-        """One flat forward over all chunks; logits [sum of logit_rows, V] in chunk order."""
+    def forward(self, chunks: list[Chunk], keep_rows: list[int] | None = None) -> torch.Tensor:
+        """One flat forward over all chunks; logits [sum of logit_rows, V] in chunk order.
+        `keep_rows`: flat token rows whose final hidden states stay readable in `kept_hidden`."""
         ids: list[int] = []
         positions: list[int] = []
         rows: list[int] = []
@@ -121,6 +131,7 @@ class ModelRunner:
             [ids, positions, rows])
         self._attn.prepare(meta)
         hidden = self.model(ids_t, positions_t, self._attn)
+        self.kept_hidden = hidden[keep_rows] if keep_rows else ()
         if not rows:
             self.logit_hidden = None
             return torch.empty(0, device=self.device)
@@ -128,3 +139,14 @@ class ModelRunner:
         # order: a request that asked for its prompt's hidden state reads its first row.
         self.logit_hidden = hidden[rows_t]
         return self.model.compute_logits(self.logit_hidden)
+
+
+def _prompt_rows_in_chunk(seq: Sequence, start: int, num_tokens: int, flat: int) -> list[tuple[int, Sequence, int]]:
+    """The rows of `seq`'s prompt hidden state (other than its last token's, which is a logit
+    row) that this chunk computes, as (flat row, sequence, rows back)."""
+    out = []
+    for back in seq.params.prompt_hidden_rows:
+        position = seq.prompt_hidden_position(back)
+        if back and start <= position < start + num_tokens:
+            out.append((flat + position - start, seq, back))
+    return out

@@ -24,6 +24,12 @@ class InvalidRequestError(ValueError):
 SEED_MIN, SEED_MAX = -(1 << 63), (1 << 64) - 1      # what torch.Generator.manual_seed takes
 
 
+# A prompt hidden state is a few rows near the prompt's end: each row back is one more token
+# the prefix cache must leave to compute.
+MAX_PROMPT_HIDDEN_ROWS = 4
+MAX_PROMPT_HIDDEN_BACK = 32
+
+
 @dataclass
 class SamplingParams:
     max_tokens: int = 16
@@ -46,6 +52,11 @@ class SamplingParams:
     # from), on the request's first delta: what a router reads to judge the request from its
     # prefill alone (RequestOutput.prompt_hidden).
     prompt_hidden: bool = False
+    # Which prompt rows that state holds, counted back from the last prompt token (0 = it): a
+    # chat-templated prompt ends in the same few template tokens, so the row that closes the
+    # user's turn (and has read all of it) is a few rows back. The rows come concatenated in
+    # this order.
+    prompt_hidden_rows: tuple[int, ...] = (0,)
     include_stop_str_in_output: bool = False
     # Constrained decoding (a JSON schema or a grammar): compiled by the engine's GrammarCompiler.
     grammar: GrammarSpec | None = None
@@ -64,6 +75,11 @@ class SamplingParams:
             (0 <= self.top_logprobs <= 20, "top_logprobs", "must be between 0 and 20"),
             (len(self.stop) <= 4 and all(isinstance(s, str) and s for s in self.stop), "stop",
              "must be at most 4 non-empty strings"),
+            (0 < len(self.prompt_hidden_rows) <= MAX_PROMPT_HIDDEN_ROWS
+             and len(set(self.prompt_hidden_rows)) == len(self.prompt_hidden_rows)
+             and all(isinstance(r, int) and 0 <= r < MAX_PROMPT_HIDDEN_BACK for r in self.prompt_hidden_rows),
+             "prompt_hidden_rows", f"must be 1 to {MAX_PROMPT_HIDDEN_ROWS} distinct offsets in "
+             f"[0, {MAX_PROMPT_HIDDEN_BACK})"),
         ]
         for ok, param, reason in checks:
             if not ok:

@@ -53,6 +53,9 @@ class Sequence:
     # Constrained decoding: where the output so far stands in the request's grammar (advanced by
     # each appended token; untouched by preemption, since the output tokens are kept).
     grammar: GrammarState | None = None
+    # SamplingParams.prompt_hidden: the final hidden states of the prompt rows before its last,
+    # by offset back from it, kept as the prefill chunks that compute them pass.
+    prompt_hidden_parts: dict[int, torch.Tensor] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.params.seed is not None:
@@ -69,6 +72,18 @@ class Sequence:
     @property
     def num_uncomputed(self) -> int:
         return self.num_tokens - self.num_computed_tokens
+
+    def prompt_hidden_position(self, back: int) -> int:
+        """The prompt position `back` rows before its last token (the first, for a short prompt)."""
+        return max(0, len(self.prompt_ids) - 1 - back)
+
+    @property
+    def prompt_rows_to_compute(self) -> int:
+        """How many of the prompt's last tokens a prefix-cache hit must leave to compute: one,
+        or every row of a prompt hidden state the request still waits for."""
+        if self.params.prompt_hidden and not self.output_ids:
+            return min(len(self.prompt_ids), 1 + max(self.params.prompt_hidden_rows))
+        return 1
 
     @property
     def is_decoding(self) -> bool:

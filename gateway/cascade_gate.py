@@ -76,6 +76,11 @@ class CascadeGate:
         return self.cfg.reads_prefill
 
     @property
+    def prompt_hidden_rows(self) -> tuple[int, ...]:
+        """The prompt rows the gain model reads, back from the last prompt token."""
+        return self.gain_model.prefill.rows if self.cfg.reads_prefill else (0,)
+
+    @property
     def deciding(self) -> bool:
         """Armed for the current attempt and not decided yet: a stream's chunks are held."""
         return self.tier is not None and self.verdict is None
@@ -88,7 +93,7 @@ class CascadeGate:
         if self.verdict is not None or tier == self.cfg.to:
             return False
         if self.cfg.reads_prefill:
-            wanted = self.gain_model.prefill.size
+            wanted = self.gain_model.prefill.row_size
             if prompt_hidden_size != wanted:
                 self.ctx.reasons.append(f"cascade off on {tier}: the gain model reads a prompt hidden state of "
                                         f"{wanted} values, the tier gives {prompt_hidden_size or 'none'}")

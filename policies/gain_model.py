@@ -2,8 +2,9 @@
 tier is predicted to answer a prompt than the small one, from the prompt's text and, where the
 model has that part, from the small tier's prefill.
 
-The prefill part is a weight vector over the small model's final hidden state at the prompt's
-last token (the row its first token is sampled from): the small tier computes it for every
+The prefill part is a weight vector over the small model's final hidden states at the prompt's
+last token (the row its first token is sampled from) and, where the model says so, a few rows
+before it: the small tier computes it for every
 request it starts, so the cascade reads it with the first token and escalates before any byte
 is sent, at the cost of one small prefill for the requests it hands over.
 
@@ -24,6 +25,9 @@ from pathlib import Path
 from policies.prompt_features import FEATURES_VERSION, prompt_vector
 
 BUNDLED_DIR = Path(__file__).parent / "gain_models"
+# Rows near the prompt's end only: an engine computes each row back again on a cached prefix.
+MAX_PREFILL_ROWS = 4
+MAX_PREFILL_ROW_BACK = 32
 FORMAT = "tiergate-gain-model"
 
 
@@ -33,14 +37,30 @@ class GainModelError(ValueError):
 
 @dataclass(frozen=True)
 class PrefillWeights:
-    """Weights over the small model's final hidden state at the last prompt token (any
-    standardisation of the training features is folded into them and the model's bias)."""
+    """Weights over the small model's final hidden states at a few prompt rows, concatenated:
+    `rows` counts back from the last prompt token (0 = it; in a chat template the token that
+    closes the user's turn is a few rows back). Any standardisation of the training features is
+    folded into them and the model's bias."""
     model: str                  # the model whose hidden states they read (for people; checked by size)
     weights: tuple[float, ...]
+    rows: tuple[int, ...] = (0,)
+
+    def __post_init__(self) -> None:
+        if (not 0 < len(self.rows) <= MAX_PREFILL_ROWS or len(set(self.rows)) != len(self.rows)
+                or any(not 0 <= r < MAX_PREFILL_ROW_BACK for r in self.rows)):
+            raise GainModelError(f"a gain model's prefill rows must be 1 to {MAX_PREFILL_ROWS} distinct offsets "
+                                 f"in [0, {MAX_PREFILL_ROW_BACK})")
+        if len(self.weights) % len(self.rows):
+            raise GainModelError(f"{len(self.weights)} prefill weights do not split into {len(self.rows)} rows")
 
     @property
     def size(self) -> int:
         return len(self.weights)
+
+    @property
+    def row_size(self) -> int:
+        """The hidden size of the model it reads."""
+        return len(self.weights) // len(self.rows)
 
     def dot(self, hidden) -> float:
         if len(hidden) != len(self.weights):
@@ -80,7 +100,8 @@ class GainModel:
         return {"format": FORMAT, "features_version": FEATURES_VERSION, "small": self.small, "large": self.large,
                 "bias": self.bias, "trained": self.trained,
                 "weights": dict(sorted(self.weights.items(), key=lambda kv: -abs(kv[1]))),
-                **({"prefill": {"model": self.prefill.model, "weights": list(self.prefill.weights)}}
+                **({"prefill": {"model": self.prefill.model, "rows": list(self.prefill.rows),
+                                "weights": list(self.prefill.weights)}}
                    if self.prefill is not None else {})}
 
     @classmethod
@@ -105,7 +126,10 @@ def _prefill(data) -> PrefillWeights | None:
     weights = data.get("weights") if isinstance(data, dict) else None
     if not isinstance(weights, list) or not weights or not all(_finite(w) for w in weights):
         raise GainModelError("a gain model's prefill part needs a non-empty list of finite weights")
-    return PrefillWeights(str(data.get("model", "")), tuple(float(w) for w in weights))
+    rows = data.get("rows", [0])
+    if not isinstance(rows, list) or not all(isinstance(r, int) and not isinstance(r, bool) for r in rows):
+        raise GainModelError("a gain model's prefill rows must be a list of integers")
+    return PrefillWeights(str(data.get("model", "")), tuple(float(w) for w in weights), tuple(rows))
 
 
 def _finite(value) -> bool:

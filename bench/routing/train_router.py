@@ -3,8 +3,9 @@ prompts (bench/routing/labels.py) and write it as a policies.gain_model file.
 
 The model is ridge regression of each prompt's gain (small-tier minus large-tier bits per byte
 of its reference) on policies.prompt_features, each prompt's vector scaled to unit length, and,
-unless told otherwise, on the small model's prompt hidden state (bench/routing/prefill_states.py):
-each of its values standardised over the training prompts, the whole scaled by `scale / sqrt(size)`,
+unless told otherwise, on the small model's prompt hidden states (bench/routing/prefill_states.py:
+the last prompt token's and that of the token closing the user's turn, which has read all of it),
+each of their values standardised over the training prompts, the whole scaled by `scale / sqrt(size)`,
 so that `scale` weighs the prefill against the text. The standardisation is folded into the
 written weights and bias, so serving takes a plain dot product. Penalty and scale are chosen by
 K-fold cross-validation on the training labels alone, judged the way the routing benchmark
@@ -40,7 +41,11 @@ from policies.request_signals import code_signal
 class TrainOptions:
     min_prompts_per_feature: int = 3     # rarer features are noise on a few thousand prompts
     alphas: tuple[float, ...] = (0.3, 1.0, 3.0, 10.0)
-    prefill_scales: tuple[float, ...] = (1.0, 2.0)   # the prompt hidden state's weight beside the text
+    prefill_scales: tuple[float, ...] = (1.0, 1.5, 2.0)   # the prompt hidden state's weight beside the text
+    # The prompt rows read, back from the last prompt token; None: the last token and the token
+    # that closes the user's turn (ChatML's <|im_end|>: the template's closing tokens are
+    # counted on the model).
+    prefill_rows: tuple[int, ...] | None = None
     folds: int = 5
     share: float = 0.30
     gain_clip: float = 1.0               # |gain| beyond this (bits per byte) is clipped: a few odd references
@@ -148,8 +153,9 @@ def cross_validated(texts: list[str], labels: list[PromptLabel], options: TrainO
 
 def fit_gain_model(texts: list[str], labels: list[PromptLabel], options: TrainOptions,
                    console: Console | None = None, states: np.ndarray | None = None,
-                   prefill_model: str = "") -> tuple[GainModel, dict]:
-    """`states`: the small model's prompt hidden states, one row per label (None: text only)."""
+                   prefill_model: str = "", prefill_rows: tuple[int, ...] = (0,)) -> tuple[GainModel, dict]:
+    """`states`: the small model's prompt hidden states at `prefill_rows`, concatenated, one row
+    per label (None: text only)."""
     table = _table(labels)
     cv = {}
     best, best_gap, best_oof = None, -np.inf, None
@@ -175,12 +181,13 @@ def fit_gain_model(texts: list[str], labels: list[PromptLabel], options: TrainOp
     if standard is not None:
         dense = coef[n_text:] * standard.scale          # the standardisation folded into the weights
         bias -= float(dense @ standard.mean)
-        prefill = PrefillWeights(prefill_model, tuple(float(w) for w in dense))
+        prefill = PrefillWeights(prefill_model, tuple(float(w) for w in dense), prefill_rows)
     threshold = float(np.quantile(best_oof, 1 - options.share))
     summary = {
         "labels": len(labels), "features": n_text, "features_kept": len(weights),
         "features_version": FEATURES_VERSION, "alpha": alpha,
-        "prefill": None if standard is None else {"model": prefill_model, "size": prefill.size, "scale": scale},
+        "prefill": None if standard is None else {"model": prefill_model, "size": prefill.size, "rows": list(prefill_rows),
+                                                  "scale": scale},
         "folds": options.folds,
         "cv_gap_recovered": {"share": options.share, "by_penalty": cv, "best": best_gap,
                              "random": options.share, "oracle": gap_at(table, table.gain, options.share)},
@@ -204,18 +211,21 @@ def run_train(labels_path: str, out_path: str, options: TrainOptions, prefill_mo
     texts_by_record = question_texts({lb.record_index for lb in labels})
     labels = [lb for lb in labels if lb.record_index in texts_by_record]
     texts = [texts_by_record[lb.record_index] for lb in labels]
-    states = None
+    states, rows = None, (0,)
     if prefill_model is not None:
         from engines.loaded_model import load_model
         from bench.routing.prefill_states import prompt_hidden_states
+        from bench.routing.scoring import template_tail_tokens
         console.log(f"small tier {prefill_model!r}: loading ({dtype}) for its prompt hidden states")
         loaded = load_model(prefill_model, dtype)
+        rows = options.prefill_rows or (0, template_tail_tokens(loaded) - 1)
+        console.log(f"prompt rows read, back from the last token: {', '.join(map(str, rows))}")
         by_record = prompt_hidden_states(loaded, {lb.record_index: texts_by_record[lb.record_index] for lb in labels},
-                                         Path(cache) if cache else None, console)
+                                         Path(cache) if cache else None, console, rows)
         states = np.stack([by_record[lb.record_index] for lb in labels])
     console.log(f"{len(labels)} labelled prompts; fitting ({options.folds}-fold CV over {len(options.alphas)} penalties"
                 f"{'' if states is None else f' x {len(options.prefill_scales)} prefill scales'})")
-    model, summary = fit_gain_model(texts, labels, options, console, states, options.small)
+    model, summary = fit_gain_model(texts, labels, options, console, states, options.small, rows)
     with open(out_path, "w", encoding="utf-8") as sink:
         json.dump(model.to_json(), sink, indent=1)
         sink.write("\n")

@@ -87,7 +87,8 @@ def engine_jobs(call: TierCall, prompts: list[list[int]], engine: LLMEngine) -> 
                 seed=derive_seed(body.seed, p_index * body.n + i), stop=body.stop_list(),
                 ignore_eos=body.ignore_eos, presence_penalty=body.presence_penalty or 0.0,
                 frequency_penalty=body.frequency_penalty or 0.0, logprobs=bool(want_lp), top_logprobs=top,
-                entropy=entropy, prompt_hidden=prompt_hidden, grammar=grammar)
+                entropy=entropy, prompt_hidden=prompt_hidden,
+                prompt_hidden_rows=gate.prompt_hidden_rows if prompt_hidden else (0,), grammar=grammar)
             try:
                 engine.check_request(ids, params)
             except RequestTooLongError as exc:   # a larger tier may take it

@@ -65,7 +65,9 @@ def test_labels_resume_then_train_then_judge_the_learned_router(tmp_path):
                  "--prefill-cache", str(cache)]) == 0
     fitted = json.loads(model.read_text())
     assert fitted["format"] == "tiergate-gain-model" and fitted["trained"]["labels"] == 30
-    assert len(fitted["prefill"]["weights"]) == 576 and cache.is_file()       # SmolLM2's hidden size
+    # SmolLM2's hidden size at two rows: the last token and <|im_end|>, which closes the user's turn
+    # (then "\n<|im_start|>ass" "istant\n": 5 more)
+    assert fitted["prefill"]["rows"] == [0, 5] and len(fitted["prefill"]["weights"]) == 2 * 576 and cache.is_file()
     text_only = tmp_path / "text.json"
     assert main(["bench", "routing-train", "--labels", str(labels), "--out", str(text_only), "--folds", "3",
                  "--prefill-model", "none"]) == 0

@@ -12,7 +12,8 @@ import httpx
 import openai
 import pytest
 
-from tests.cascade_harness import (GAIN_BIAS, GAIN_ESCALATE, GAIN_KEEP, GAIN_WEIGHT, K, cg,  # noqa: F401 - fixtures
+from tests.cascade_harness import (GAIN_BIAS, GAIN_ESCALATE, GAIN_KEEP, GAIN_ROW_BACK, GAIN_WEIGHT,
+                                   GAIN_WEIGHT_BACK, HIDDEN, K, cg,  # noqa: F401 - fixtures
                                    client)
 from tests.telemetry_harness import client_traceparent
 
@@ -89,10 +90,11 @@ def test_escalated_answers_exactly_as_the_target_and_charges_both(cg, client, pl
 
 def _expected_gain(cg) -> float:
     """What the gain model predicts for MSG: its bias plus its weights on the small tier's
-    hidden state at the templated prompt's last token (computed here by a plain forward)."""
+    hidden states at the templated prompt's last token and GAIN_ROW_BACK rows before it
+    (computed here by a plain forward)."""
     from bench.routing.prefill_states import prompt_hidden_state
-    hidden = prompt_hidden_state(cg.gw.runtime.tiers["small"].loaded, MSG[0]["content"])
-    return GAIN_BIAS + GAIN_WEIGHT * float(hidden.sum())
+    hidden = prompt_hidden_state(cg.gw.runtime.tiers["small"].loaded, MSG[0]["content"], (0, GAIN_ROW_BACK))
+    return GAIN_BIAS + GAIN_WEIGHT * float(hidden[:HIDDEN].sum()) + GAIN_WEIGHT_BACK * float(hidden[HIDDEN:].sum())
 
 
 def test_a_predicted_gain_cascade_judges_the_prefill_and_holds_back_one_token(cg, client, plain):

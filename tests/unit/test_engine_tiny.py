@@ -141,6 +141,40 @@ def test_prompt_hidden_comes_with_the_first_token_only_chunked_cached_or_batched
     _assert_no_leak(engine)
 
 
+def test_prompt_hidden_rows_back_from_the_last_token_survive_chunks_and_cached_prefixes(tiny):
+    """Rows before the last prompt token (the end of the user's text in a chat template) come
+    concatenated after it, equal to a plain forward: from an earlier prefill chunk (row 61 of a
+    67-token prompt computed 64 a step), and from a prompt whose cached prefix would have covered
+    that row (the hit stops a block short, so the row is computed again)."""
+    rng = random.Random(12)
+    shared = [rng.randrange(3, TINY_VOCAB) for _ in range(50)]
+    prompts = {"long": [rng.randrange(3, TINY_VOCAB) for _ in range(67)], "short": [7, 8, 9],
+               "cached": shared + [9, 10, 11]}
+    engine = _engine(tiny)
+    engine.generate([shared + [5, 6]], SamplingParams(max_tokens=2, temperature=0))
+    asked = SamplingParams(max_tokens=3, temperature=0, prompt_hidden=True, prompt_hidden_rows=(0, 5))
+    for name in prompts:
+        engine.add_request(name, prompts[name], asked)
+    firsts = {}
+    while engine.has_unfinished():
+        for out in engine.step():
+            firsts.setdefault(out.request_id, out)
+    # 53 tokens: row 47 (5 back) lies in the third cached block, so only two blocks are reused.
+    assert firsts["cached"].cached_tokens == 32
+    for name, ids in prompts.items():
+        rows = final_hidden(tiny.model, ids)
+        expected = torch.cat([rows[-1], rows[max(0, len(ids) - 6)]])
+        torch.testing.assert_close(torch.tensor(firsts[name].prompt_hidden), expected, atol=1e-4, rtol=1e-4)
+    _assert_no_leak(engine)
+
+
+@pytest.mark.parametrize("rows", [(), (0, 0), (32,), (-1,), (0, 1, 2, 3, 4)])
+def test_prompt_hidden_rows_are_bounded(rows):
+    with pytest.raises(InvalidRequestError) as err:
+        SamplingParams(prompt_hidden=True, prompt_hidden_rows=rows).validate()
+    assert err.value.param == "prompt_hidden_rows"
+
+
 async def test_async_streams_equal_the_engine_and_step_off_the_loop(tiny, reference):
     """Concurrent streams give each prompt's tokens alone; during a step the event loop still
     runs (checked by a callback the step waits for, not by counting ticks in a time span)."""

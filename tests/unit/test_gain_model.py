@@ -81,6 +81,26 @@ def test_a_prefill_part_round_trips_and_adds_its_dot_product(tmp_path):
     assert not GainModel(0.0, {}).reads_prefill
 
 
+def test_prefill_rows_split_the_weights_and_round_trip(tmp_path):
+    """Rows back from the last prompt token: the weights are one block per row, in that order."""
+    model = GainModel(0.0, {}, "s", "l", {}, PrefillWeights("smollm2", (1.0, 0.0, 0.0, 2.0), (0, 5)))
+    assert model.prefill.row_size == 2
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps(model.to_json()))
+    loaded = load_gain_model(path)
+    assert loaded == model and loaded.prefill.rows == (0, 5)
+    assert loaded.predict_with_prefill(0.0, [3.0, 9.0, 9.0, 0.5]) == pytest.approx(3.0 + 1.0)
+    # A file written before rows existed reads the last token only.
+    older = GainModel.from_json(_model_json({}, prefill={"model": "m", "weights": [0.1, 0.2]}))
+    assert older.prefill.rows == (0,) and older.prefill.row_size == 2
+
+
+@pytest.mark.parametrize("rows", [[], [0, 0], [-1], [32], [0, 1, 2, 3, 4], [0, 1, 2], "0", [True]])
+def test_prefill_rows_out_of_bounds_or_not_splitting_the_weights_are_refused(rows):
+    with pytest.raises(GainModelError, match="prefill"):
+        GainModel.from_json(_model_json({}, prefill={"model": "m", "weights": [0.1, 0.2, 0.3, 0.4], "rows": rows}))
+
+
 @pytest.mark.parametrize("prefill", [{"weights": []}, {"weights": [1.0, float("inf")]}, {"weights": "1,2"}, [1.0]])
 def test_a_broken_prefill_part_is_refused(prefill):
     with pytest.raises(GainModelError, match="prefill part"):
