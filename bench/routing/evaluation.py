@@ -90,8 +90,8 @@ def evaluate_routers(rows: list[PromptMeasurement], small_cost: TierCost, large_
         gain_sweep = threshold_sweep(table, -predicted, "predicted_gain", wasted_cost=prefill_wasted)
         tiergate_entry = _sweep_entry(table, gain_sweep, share, description=(
             "the learned gain model (policies/gain_model.py) as a cascade: every prompt starts on small, and those "
-            "whose gain predicted from the text and the small tier's prefill (its last prompt token's hidden "
-            "state) is above the threshold escalate with their first token, their small prefill counted as "
+            "whose gain predicted from the text and the small tier's prefill (its hidden states at the prompt "
+            "rows the model reads) is above the threshold escalate with their first token, their small prefill counted as "
             "wasted"), signal="predicted_gain", tokens=1)
         if gain_threshold is not None:
             escalated = predicted > gain_threshold

@@ -197,7 +197,9 @@ def test_the_bundled_model_reads_smollm2s_prefill_and_the_default_cascades_on_it
     root = BUNDLED_DIR.parents[1]
     cfg = load_config(root / "config" / "default.yaml")
     model = cfg.classification.gain_model.model
-    assert model.reads_prefill and model.prefill.size == 576 and model.trained["labels"] >= 2000
+    # SmolLM2's hidden states (576 values) at its last prompt token and at <|im_end|>, 5 rows before
+    assert model.reads_prefill and model.prefill.rows == (0, 5) and model.prefill.row_size == 576
+    assert model.trained["labels"] >= 2000
     cascades = {r.name: r.cascade for r in cfg.routing.rules if r.cascade is not None}
     assert set(cascades) == {"latency", "throughput"}
     for cascade in cascades.values():
