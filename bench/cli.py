@@ -382,9 +382,9 @@ def _bench_routing_train(args: argparse.Namespace) -> int:
             rows = tuple(int(r) for r in args.prefill_rows.split(","))
         except ValueError:
             raise UsageError("--prefill-rows takes offsets like '0,5'") from None
-        from policies.gain_model import GainModelError, PrefillWeights
+        from policies.gain_model import GainModelError, check_prefill_rows
         try:
-            PrefillWeights("", (0.0,) * len(rows), rows)
+            check_prefill_rows(rows)
         except GainModelError as exc:
             raise UsageError(f"--prefill-rows: {exc}") from None
     options = TrainOptions(min_prompts_per_feature=args.min_prompts_per_feature, folds=args.folds, share=args.share,

@@ -317,4 +317,4 @@ def _prompt_hidden(seq, last_row: torch.Tensor) -> list[float] | None:
             return None
         parts.append(part)
     seq.prompt_hidden_parts = {}
-    return torch.cat(parts).float().tolist() if len(parts) > 1 else parts[0].float().tolist()
+    return torch.cat(parts).float().tolist()

@@ -4,9 +4,9 @@ model has that part, from the small tier's prefill.
 
 The prefill part is a weight vector over the small model's final hidden states at the prompt's
 last token (the row its first token is sampled from) and, where the model says so, a few rows
-before it: the small tier computes it for every
-request it starts, so the cascade reads it with the first token and escalates before any byte
-is sent, at the cost of one small prefill for the requests it hands over.
+before it: the small tier computes them for every request it starts, so the cascade reads them
+with the first token and escalates before any byte is sent, at the cost of one small prefill
+for the requests it hands over.
 
 A linear model over policies.prompt_features (scaled to unit length), fitted by `tiergate bench routing-train` on
 prompts scored on both tiers (RouteLLM's way: learn from per-prompt outcomes). It is a JSON
@@ -35,6 +35,15 @@ class GainModelError(ValueError):
     """The file is not a gain model this version can use (one-line reason)."""
 
 
+def check_prefill_rows(rows: tuple[int, ...]) -> None:
+    """Raises GainModelError unless `rows` are 1 to MAX_PREFILL_ROWS distinct offsets in
+    [0, MAX_PREFILL_ROW_BACK)."""
+    if (not 0 < len(rows) <= MAX_PREFILL_ROWS or len(set(rows)) != len(rows)
+            or any(not 0 <= r < MAX_PREFILL_ROW_BACK for r in rows)):
+        raise GainModelError(f"a gain model's prefill rows must be 1 to {MAX_PREFILL_ROWS} distinct offsets "
+                             f"in [0, {MAX_PREFILL_ROW_BACK})")
+
+
 @dataclass(frozen=True)
 class PrefillWeights:
     """Weights over the small model's final hidden states at a few prompt rows, concatenated:
@@ -46,10 +55,7 @@ class PrefillWeights:
     rows: tuple[int, ...] = (0,)
 
     def __post_init__(self) -> None:
-        if (not 0 < len(self.rows) <= MAX_PREFILL_ROWS or len(set(self.rows)) != len(self.rows)
-                or any(not 0 <= r < MAX_PREFILL_ROW_BACK for r in self.rows)):
-            raise GainModelError(f"a gain model's prefill rows must be 1 to {MAX_PREFILL_ROWS} distinct offsets "
-                                 f"in [0, {MAX_PREFILL_ROW_BACK})")
+        check_prefill_rows(self.rows)
         if len(self.weights) % len(self.rows):
             raise GainModelError(f"{len(self.weights)} prefill weights do not split into {len(self.rows)} rows")
 

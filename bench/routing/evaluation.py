@@ -91,8 +91,8 @@ def evaluate_routers(rows: list[PromptMeasurement], small_cost: TierCost, large_
         tiergate_entry = _sweep_entry(table, gain_sweep, share, description=(
             "the learned gain model (policies/gain_model.py) as a cascade: every prompt starts on small, and those "
             "whose gain predicted from the text and the small tier's prefill (its hidden states at the prompt "
-            "rows the model reads) is above the threshold escalate with their first token, their small prefill counted as "
-            "wasted"), signal="predicted_gain", tokens=1)
+            "rows the model reads) is above the threshold escalate with their first token, their small prefill "
+            "counted as wasted"), signal="predicted_gain", tokens=1)
         if gain_threshold is not None:
             escalated = predicted > gain_threshold
             tiergate_entry["at_config_threshold"] = evaluate(table, escalated, np.where(escalated, prefill_wasted, 0.0),
