@@ -24,8 +24,10 @@
 
 namespace {
 
-constexpr int64_t kBlock = 32;
-constexpr int64_t kRowTile = 4;      // activation rows sharing one decoded weight block
+using block_tiles::Activations;
+using block_tiles::kBlock;
+using block_tiles::write_group;
+
 constexpr int64_t kGroupGrain = 4;   // column groups of 8 per parallel work item
 
 template <typename T>
@@ -98,22 +100,6 @@ inline __m256i finish_u8s8(__m256i acc) {
 }
 #endif
 
-struct Activations {
-  const int8_t* q;   // [M, K]
-  const float* d;    // [M, K/32]
-  const float* s;    // [M, K/32]
-};
-
-// Rows m0 .. m0 + MT of column group g (+ bias) into out [M, N]; the last group may be partial.
-template <int MT>
-void write_group(const float (*res)[8], const float* bias, float* out, int64_t N, int64_t m0, int64_t g) {
-  const int64_t cols = std::min<int64_t>(8, N - g * 8);
-  for (int t = 0; t < MT; ++t) {
-    float* o = out + (m0 + t) * N + g * 8;
-    for (int c = 0; c < cols; ++c) o[c] = bias ? res[t][c] + bias[g * 8 + c] : res[t][c];
-  }
-}
-
 // 4-bit weights interleaved by column groups of 8 (see w4a8.py, interleave_q4): for group g and
 // block b, 128 bytes as 4 vectors of 32; vector j holds, for columns c = 0..7 and kk = 0..3 at
 // byte 4c + kk, weight k = 4j + kk of the block in the low nibble and k = 16 + 4j + kk in the
@@ -124,8 +110,8 @@ void write_group(const float (*res)[8], const float* bias, float* out, int64_t N
 //
 // out[m, 8g .. 8g + 8) for m in [m0, m0 + MT) and g in [g0, g1).
 template <int MT>
-void q4_tile(const uint8_t* wq, const float* wd, const float* wm, const Activations& a, int64_t K, int64_t m0,
-             int64_t g0, int64_t g1, const float* bias, float* out, int64_t N) {
+void q4_groups(const uint8_t* wq, const float* wd, const float* wm, const Activations& a, int64_t K, int64_t m0,
+               int64_t g0, int64_t g1, const float* bias, float* out, int64_t N) {
   const int64_t nb = K / kBlock;
   for (int64_t g = g0; g < g1; ++g) {
     const uint8_t* wg = wq + g * nb * 128;
@@ -193,8 +179,8 @@ void q4_tile(const uint8_t* wq, const float* wd, const float* wm, const Activati
 //
 // out[m, 8g .. 8g + 8) for m in [m0, m0 + MT) and g in [g0, g1).
 template <int MT>
-void q8_tile(const int8_t* wq, const float* wd, const Activations& a, int64_t K, int64_t m0, int64_t g0,
-             int64_t g1, const float* bias, float* out, int64_t N) {
+void q8_groups(const int8_t* wq, const float* wd, const Activations& a, int64_t K, int64_t m0, int64_t g0,
+               int64_t g1, const float* bias, float* out, int64_t N) {
   const int64_t nb = K / kBlock;
   for (int64_t g = g0; g < g1; ++g) {
     const int8_t* wg = wq + g * nb * 256;
@@ -242,19 +228,63 @@ void q8_tile(const int8_t* wq, const float* wd, const Activations& a, int64_t K,
   }
 }
 
-// Runs tile(MT, m0, g0, g1) over all rows: column groups split across threads, and within a
-// thread's share, activation rows in tiles of kRowTile so that each weight vector is loaded once
-// per tile while the share of weights stays in cache.
+// Column groups g0 .. g1: two at a time in 16-lane registers where the CPU has AVX-512 VNNI
+// (block_tiles_avx512.cpp), the rest one at a time.
+template <int MT>
+void q4_tile(const uint8_t* wq, const float* wd, const float* wm, const Activations& a, int64_t K, int64_t m0,
+             int64_t g0, int64_t g1, const float* bias, float* out, int64_t N) {
+  int64_t g = g0;
+#if TIERGATE_BLOCK_AVX512
+  if constexpr (MT == block_tiles::kRowTile)
+    for (; g + 1 < g1; g += 2) block_tiles::q4_pair<MT>(wq, wd, wm, a, K, m0, g, bias, out, N);
+#endif
+  q4_groups<MT>(wq, wd, wm, a, K, m0, g, g1, bias, out, N);
+}
+
+template <int MT>
+void q8_tile(const int8_t* wq, const float* wd, const Activations& a, int64_t K, int64_t m0, int64_t g0,
+             int64_t g1, const float* bias, float* out, int64_t N) {
+  int64_t g = g0;
+#if TIERGATE_BLOCK_AVX512
+  if constexpr (MT == block_tiles::kRowTile)
+    if (a.offset != nullptr)
+      for (; g + 1 < g1; g += 2) block_tiles::q8_pair<MT>(wq, wd, a, K, m0, g, bias, out, N);
+#endif
+  q8_groups<MT>(wq, wd, a, K, m0, g, g1, bias, out, N);
+}
+
+// Runs tile(MT, m0, g0, g1) over all rows: column groups split across threads; within a thread's
+// share, rows in blocks of kRowBlock, each block's rows over the share's groups a chunk at a time
+// (about kChunkBytes of weights, which stay in cache while every row tile of the block reads
+// them), and rows in tiles of kRowTile, so that each weight vector is decoded once per tile.
+// Without the chunks, a weight larger than the cache (a 49,152-row output head) would be read
+// from memory once per row tile.
+constexpr int64_t kRowBlock = 64;
+constexpr int64_t kChunkBytes = 64 * 1024;
+
 template <typename Tile>
-void over_tiles(int64_t M, int64_t groups, Tile tile) {
+void over_tiles(int64_t M, int64_t groups, int64_t bytes_per_group, Tile tile) {
+  // An even chunk keeps the AVX-512 tiles' pairs of groups whole.
+  const int64_t chunk = std::max<int64_t>(2, kChunkBytes / bytes_per_group / 2 * 2);
   at::parallel_for(0, groups, kGroupGrain, [&](int64_t g0, int64_t g1) {
-    int64_t m0 = 0;
-    for (; m0 + kRowTile <= M; m0 += kRowTile) tile(std::integral_constant<int, kRowTile>{}, m0, g0, g1);
-    switch (M - m0) {
-      case 3: tile(std::integral_constant<int, 3>{}, m0, g0, g1); break;
-      case 2: tile(std::integral_constant<int, 2>{}, m0, g0, g1); break;
-      case 1: tile(std::integral_constant<int, 1>{}, m0, g0, g1); break;
-      default: break;
+    for (int64_t r0 = 0; r0 < M; r0 += kRowBlock) {
+      const int64_t r1 = std::min(M, r0 + kRowBlock);
+      for (int64_t c0 = g0; c0 < g1; c0 += chunk) {
+        const int64_t c1 = std::min(g1, c0 + chunk);
+        int64_t m0 = r0;
+        for (; m0 + block_tiles::kRowTile <= r1; m0 += block_tiles::kRowTile)
+          tile(std::integral_constant<int, block_tiles::kRowTile>{}, m0, c0, c1);
+        switch (r1 - m0) {
+          case 7: tile(std::integral_constant<int, 7>{}, m0, c0, c1); break;
+          case 6: tile(std::integral_constant<int, 6>{}, m0, c0, c1); break;
+          case 5: tile(std::integral_constant<int, 5>{}, m0, c0, c1); break;
+          case 4: tile(std::integral_constant<int, 4>{}, m0, c0, c1); break;
+          case 3: tile(std::integral_constant<int, 3>{}, m0, c0, c1); break;
+          case 2: tile(std::integral_constant<int, 2>{}, m0, c0, c1); break;
+          case 1: tile(std::integral_constant<int, 1>{}, m0, c0, c1); break;
+          default: break;
+        }
+      }
     }
   });
 }
@@ -300,17 +330,23 @@ int64_t check_packed(const torch::Tensor& w, at::ScalarType type, int64_t bytes_
 
 // Quantizes x's blocks, then runs tile(MT, activations, m0, g0, g1, bias, out) over M rows and
 // ceil(N/8) column groups; returns the float32 [M, N] output.
+// (q8_pair reads the activations offset by 128: `with_offset`.)
 template <typename Tile>
 torch::Tensor run_block_linear(const torch::Tensor& x, int64_t K, const c10::optional<torch::Tensor>& bias, int64_t N,
-                               Tile tile) {
+                               int64_t bytes_per_block, bool with_offset, Tile tile) {
   TORCH_CHECK(x.dim() == 2 && x.size(1) == K, "x must be [M, K] with the weight's K");
   auto parts = quantize_activation_blocks(x.stride(1) == 1 ? x : x.contiguous());
-  const Activations a{parts[0].data_ptr<int8_t>(), parts[1].data_ptr<float>(), parts[2].data_ptr<float>()};
+  Activations a{parts[0].data_ptr<int8_t>(), parts[1].data_ptr<float>(), parts[2].data_ptr<float>()};
+  torch::Tensor offset;
+  if (with_offset && TIERGATE_BLOCK_AVX512 && x.size(0) >= block_tiles::kRowTile) {
+    offset = torch::bitwise_xor(parts[0], 0x80 - 256).view(at::kByte);   // -128 as int8: x ^ 0x80 = x + 128
+    a.offset = offset.data_ptr<uint8_t>();
+  }
   auto b = float_bias(bias, N);
   const float* bptr = b.defined() ? b.data_ptr<float>() : nullptr;
   auto out = torch::empty({x.size(0), N}, x.options().dtype(at::kFloat));
   float* o = out.data_ptr<float>();
-  over_tiles(x.size(0), (N + 7) / 8,
+  over_tiles(x.size(0), (N + 7) / 8, K / kBlock * bytes_per_block,
              [&](auto mt, int64_t m0, int64_t g0, int64_t g1) { tile(mt, a, m0, g0, g1, bptr, o); });
   return out;
 }
@@ -332,7 +368,8 @@ torch::Tensor q4_block_linear(torch::Tensor x, torch::Tensor packed, torch::Tens
   const uint8_t* wq = packed.data_ptr<uint8_t>();
   const float* wd = scales.data_ptr<float>();
   const float* wm = mins.data_ptr<float>();
-  return run_block_linear(x, K, bias, N, [&](auto mt, const Activations& a, int64_t m0, int64_t g0, int64_t g1,
+  // A group's block: 128 bytes of nibbles, a scale and a min for each of its 8 columns.
+  return run_block_linear(x, K, bias, N, 128 + 64, false, [&](auto mt, const Activations& a, int64_t m0, int64_t g0, int64_t g1,
                                              const float* b, float* o) {
     q4_tile<decltype(mt)::value>(wq, wd, wm, a, K, m0, g0, g1, b, o, N);
   });
@@ -345,7 +382,7 @@ torch::Tensor q8_block_linear(torch::Tensor x, torch::Tensor packed, torch::Tens
   const int64_t K = check_packed(packed, at::kChar, 256, N, scales);
   const int8_t* wq = packed.data_ptr<int8_t>();
   const float* wd = scales.data_ptr<float>();
-  return run_block_linear(x, K, bias, N, [&](auto mt, const Activations& a, int64_t m0, int64_t g0, int64_t g1,
+  return run_block_linear(x, K, bias, N, 256 + 32, true, [&](auto mt, const Activations& a, int64_t m0, int64_t g0, int64_t g1,
                                              const float* b, float* o) {
     q8_tile<decltype(mt)::value>(wq, wd, a, K, m0, g0, g1, b, o, N);
   });

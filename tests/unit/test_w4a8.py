@@ -58,7 +58,10 @@ def test_reference_activation_blocks_are_independent_and_on_the_grid():
     torch.testing.assert_close(s, d * q.float().view(2, 3, 32).sum(-1))
 
 
-@pytest.mark.parametrize("rows,cols", [(1, 200), (2, 200), (3, 203), (4, 200), (5, 197), (17, 200)])
+# Rows: whole row tiles of 4 (AVX2) and 8 (AVX-512, two column groups per register), their
+# remainders, and more than one block of 64 rows; 200 columns span several cache chunks.
+@pytest.mark.parametrize("rows,cols", [(1, 200), (2, 200), (3, 203), (4, 200), (5, 197), (8, 200), (17, 200),
+                                       (70, 203)])
 def test_cpu_kernels_equal_the_reference(rows, cols):
     native = _native()
     # fp32 inputs: no value sits on a rounding tie, so kernel and reference quantize identically.
