@@ -6,6 +6,7 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import torch
 
@@ -20,6 +21,7 @@ from engines.model import LlamaForCausalLM
 from engines.model.weights import load_hf_state_dict
 from engines.model_config import ModelConfig
 from engines.quantization.artifact import is_quantized_dir, load_artifact_into
+from engines.quantization.dense_prefill import attach_dense_prefill, block_linears, measure_dense_rows
 from engines.quantization.int4 import Int4Linear
 from engines.tokenizer import TextTokenizer
 from kernels.triton.select import kernel_choice
@@ -42,6 +44,9 @@ class LoadedModel:
     tokenizer: TextTokenizer
     chat_template: ChatTemplate
     quantization: str | None = None   # e.g. "int4-awq-g128", part of the engine's cache identity
+    # Steps of at least this many rows use dense copies of block-quantized weights
+    # (quantization/dense_prefill.py); None: every step uses the blocks.
+    dense_prefill_rows: int | None = None
 
     @property
     def dtype(self) -> torch.dtype:
@@ -119,7 +124,10 @@ def load_model(
     dtype: str | torch.dtype = "float32",
     cache_root: Path | None = None,
     device: str | torch.device | None = "cpu",
+    dense_prefill: int | Literal["auto"] | None = None,
 ) -> LoadedModel:
+    """dense_prefill: for block-quantized weights on a CPU, steps of at least that many rows run
+    on dense copies; "auto" measures whether and from how many rows that is faster here."""
     started = time.perf_counter()
     torch_dtype = parse_dtype(dtype)
     target = resolve_device(device)
@@ -145,10 +153,28 @@ def load_model(
             quantization = f"fp8-checkpoint-{fp8_method}"
         load_hf_state_dict(model, tensors)
     model.eval()
+    dense_rows = None
     if target.type == "cpu":
         model.pack_weights()
+        dense_rows = _dense_prefill(model, torch_dtype, dense_prefill)
     else:
         move_model(model, target)
     log.info("loaded %s (%s%s) on %s in %.1fs", ckpt.path.name, torch_dtype,
              f", {quantization}" if quantization else "", target, time.perf_counter() - started)
-    return LoadedModel(str(source or "default"), ckpt.path, ckpt.config, model, tokenizer, template, quantization)
+    return LoadedModel(str(source or "default"), ckpt.path, ckpt.config, model, tokenizer, template, quantization,
+                       dense_rows)
+
+
+def _dense_prefill(model: LlamaForCausalLM, dtype: torch.dtype, setting: int | str | None) -> int | None:
+    if setting is None or not block_linears(model):
+        return None
+    rows = setting
+    if setting == "auto":
+        rows, speedups = measure_dense_rows(model, dtype)
+        log.info("dense prefill: %s (block / dense time at %s)",
+                 f"from {rows} rows" if rows else "off",
+                 ", ".join(f"{n} rows {s:.2f}x" for n, s in speedups.items()))
+    if rows is None:
+        return None
+    attach_dense_prefill(model, dtype, int(rows))
+    return int(rows)

@@ -81,6 +81,10 @@ class EmbeddedTierConfig(_TierBase):
         None, description="weight quantization; the artifact is built and cached on first start")
     quant_group_size: Int4GroupSize = 128
     kv_cache_dtype: KvCacheDtype | None = Field(None, description="None: the model dtype")
+    dense_prefill: Literal["auto", "off"] = Field(
+        "auto", description="block-quantized weights (w4a8-gguf) on a CPU: auto times a dense copy against the "
+                            "blocks at prefill-sized steps at start and keeps it (2 bytes per weight) where it "
+                            "is clearly faster, as on CPUs with AMX; off: every step multiplies the blocks")
     speculative: SpeculativeSettings | None = None
     threads: int | None = Field(
         None, ge=1, le=256, description="CPU threads of this tier's engine (its OpenMP team); None: every core. "

@@ -21,6 +21,7 @@ from torch import nn
 from kernels.block_layout import (deinterleave_columns, deinterleave_q4, deinterleave_q8, interleave_columns,
                                   interleave_q4, interleave_q8)
 from kernels.cpu_extension import load_cpu_kernels
+from kernels.linear import PackedWeight
 from kernels.reference_gemm import (q4_block_linear_ref, q8_block_linear_ref, quantize_blocks_q8_ref,
                                     unpack_block_nibbles)
 
@@ -98,6 +99,9 @@ class BlockQ4Linear(_KernelArgs, nn.Module):
         self.register_buffer("packed_scales", interleave_columns(scales))
         self.register_buffer("packed_mins", interleave_columns(mins))
         self.bias = None if bias is None else nn.Parameter(bias.detach().float().clone(), requires_grad=False)
+        # A dense copy for steps of many rows (engines/quantization/dense_prefill.py), or None.
+        self.dense: PackedWeight | None = None
+        self.dense_min_rows = 0
 
     @classmethod
     def from_groups(cls, q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
@@ -122,9 +126,19 @@ class BlockQ4Linear(_KernelArgs, nn.Module):
 
     _ARG_NAMES = ("packed", "packed_scales", "packed_mins", "bias")
 
+    def attach_dense(self, dtype: torch.dtype, min_rows: int) -> None:
+        """Multiply steps of at least `min_rows` rows by a dense `dtype` copy of these weights
+        (the same values, dequantized), where that measured faster (dense_prefill.py)."""
+        self.dense = PackedWeight(self.dequantized().to(dtype))
+        self.dense_min_rows = min_rows
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        native = _native(x)
         flat = _rows(x)
+        dense = self.dense
+        if dense is not None and flat.shape[0] >= self.dense_min_rows and x.is_cpu:
+            bias = None if self.bias is None else self.bias.to(x.dtype)
+            return _unrows(dense.linear(flat.to(dense.data.dtype), bias), x).to(x.dtype)
+        native = _native(x)
         if native is not None:
             out = native.q4_block_linear(flat, *self._kernel_args(), self.out_features)
         else:

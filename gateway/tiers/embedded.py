@@ -111,7 +111,7 @@ class EmbeddedTier(Tier):
     def _processes(self) -> ProcessEngine:
         loaded = self.loaded
         build = functools.partial(build_worker_engine, self.name, self.config, str(loaded.path),
-                                  str(loaded.dtype).removeprefix("torch."))
+                                  str(loaded.dtype).removeprefix("torch."), loaded.dense_prefill_rows)
         return ProcessEngine(build, GrammarCompiler(loaded.tokenizer, loaded.config.vocab_size),
                              tokenizer=loaded.tokenizer, workers=self.config.engine_processes,
                              threads=self.config.threads, on_dead=self._engine_died)
@@ -205,6 +205,8 @@ class EmbeddedTier(Tier):
             out["load_seconds"] = round(self.load_seconds, 1)
         if self.loaded is not None:
             out["dtype"] = str(self.loaded.dtype).removeprefix("torch.")    # what `auto` chose, too
+            if self.loaded.dense_prefill_rows is not None:
+                out["dense_prefill_rows"] = self.loaded.dense_prefill_rows
         if self.engine is not None:
             if self.engine.threads_in_use is not None:
                 out["threads"] = self.engine.threads_in_use

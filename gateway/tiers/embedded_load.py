@@ -15,6 +15,7 @@ from engines.llm_engine import LLMEngine
 from engines.dtype_choice import choose_dtype
 from engines.loaded_model import LoadedModel, load_model, resolve_checkpoint_dir, resolve_device
 from engines.loaders.hf_checkpoint import open_hf_checkpoint
+from engines.quantization.dense_prefill import block_linears
 from engines.quantization.artifact_cache import ensure_quantized
 from engines.quantization.calibration import CalibrationSource
 from engines.spec.config import SpeculativeConfig
@@ -26,7 +27,7 @@ log = logging.getLogger(__name__)
 # and admitted. Every other field of EmbeddedTierConfig is an EngineConfig field, passed on as is.
 TIER_ONLY_FIELDS = frozenset({"kind", "model", "served_name", "dtype", "device", "quantization",
                               "quant_group_size", "max_in_flight", "capabilities", "threads",
-                              "engine_processes"})
+                              "engine_processes", "dense_prefill"})
 # YAML name -> engine name, where they differ: the YAML takes a size with its unit ("512MiB").
 ENGINE_FIELD_NAMES = {"kv_cache_memory": "kv_cache_memory_bytes"}
 
@@ -74,7 +75,12 @@ def load_tier_model(name: str, cfg: EmbeddedTierConfig,
     notes: list[str] = []
     source = _weights_source(name, cfg, calibration, notes)
     dtype = measured_dtype(name, cfg, source) if cfg.dtype == "auto" else cfg.dtype
-    return load_model(source, dtype, device=cfg.device), notes
+    dense = "auto" if cfg.dense_prefill == "auto" else None
+    loaded = load_model(source, dtype, device=cfg.device, dense_prefill=dense)
+    if dense is not None and block_linears(loaded.model):
+        log.warning("tier %s: dense prefill %s", name,
+                    f"from {loaded.dense_prefill_rows} rows" if loaded.dense_prefill_rows else "off (not faster here)")
+    return loaded, notes
 
 
 def engine_on(name: str, cfg: EmbeddedTierConfig, loaded: LoadedModel, notes: list[str]) -> LLMEngine:
@@ -101,8 +107,11 @@ def build_engine(name: str, cfg: EmbeddedTierConfig,
     return engine_on(name, cfg, loaded, notes), notes
 
 
-def build_worker_engine(name: str, cfg: EmbeddedTierConfig, source: str, dtype: str) -> LLMEngine:
+def build_worker_engine(name: str, cfg: EmbeddedTierConfig, source: str, dtype: str,
+                        dense_prefill_rows: int | None = None) -> LLMEngine:
     """In an engine process (engines/engine_process.py): the tier's engine on the weights the
-    gateway's process chose already (the quantized artifact it found or built, the dtype it
-    measured), so that every worker runs the same model without measuring again."""
-    return engine_on(name, cfg, load_model(source, dtype, device=cfg.device), [])
+    gateway's process chose already (the quantized artifact it found or built, the dtype and the
+    dense-prefill threshold it measured), so that every worker runs the same model without
+    measuring again."""
+    loaded = load_model(source, dtype, device=cfg.device, dense_prefill=dense_prefill_rows)
+    return engine_on(name, cfg, loaded, [])
