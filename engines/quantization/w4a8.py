@@ -140,11 +140,10 @@ class BlockQ4Linear(_KernelArgs, nn.Module):
             return _unrows(dense.linear(flat.to(dense.data.dtype), bias), x).to(x.dtype)
         native = _native(x)
         if native is not None:
-            out = native.q4_block_linear(flat, *self._kernel_args(), self.out_features)
-        else:
-            p = self.portable
-            out = q4_block_linear_ref(flat, p["nibbles"], p["scales"], p["mins"], self.bias)
-        out = _unrows(out, x)
+            # The kernel writes x's dtype itself: no second pass converting its fp32 sums.
+            return _unrows(native.q4_block_linear(flat, *self._kernel_args(), self.out_features, False), x)
+        p = self.portable
+        out = _unrows(q4_block_linear_ref(flat, p["nibbles"], p["scales"], p["mins"], self.bias), x)
         return out if x.dtype is torch.float32 else out.to(x.dtype)
 
 
@@ -175,17 +174,18 @@ class BlockQ8Linear(_KernelArgs, nn.Module):
 
     _ARG_NAMES = ("packed", "packed_scales", "bias")
 
-    def forward_float(self, x: torch.Tensor) -> torch.Tensor:
-        """The product in fp32 whatever x's dtype (an output head's logits)."""
+    def _product(self, x: torch.Tensor, float_output: bool) -> torch.Tensor:
         native = _native(x)
         flat = _rows(x)
         if native is not None:
-            out = native.q8_block_linear(flat, *self._kernel_args(), self.out_features)
-        else:
-            p = self.portable
-            out = q8_block_linear_ref(flat, p["qweight"], p["scales"], self.bias)
-        return _unrows(out, x)
+            return _unrows(native.q8_block_linear(flat, *self._kernel_args(), self.out_features, float_output), x)
+        p = self.portable
+        out = _unrows(q8_block_linear_ref(flat, p["qweight"], p["scales"], self.bias), x)
+        return out if float_output or x.dtype is torch.float32 else out.to(x.dtype)
+
+    def forward_float(self, x: torch.Tensor) -> torch.Tensor:
+        """The product in fp32 whatever x's dtype (an output head's logits)."""
+        return self._product(x, True)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.forward_float(x)
-        return out if x.dtype is torch.float32 else out.to(x.dtype)
+        return self._product(x, False)

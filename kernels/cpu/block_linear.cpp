@@ -26,6 +26,7 @@ namespace {
 
 using block_tiles::Activations;
 using block_tiles::kBlock;
+using block_tiles::Output;
 using block_tiles::write_group;
 
 constexpr int64_t kGroupGrain = 4;   // column groups of 8 per parallel work item
@@ -111,7 +112,7 @@ inline __m256i finish_u8s8(__m256i acc) {
 // out[m, 8g .. 8g + 8) for m in [m0, m0 + MT) and g in [g0, g1).
 template <int MT>
 void q4_groups(const uint8_t* wq, const float* wd, const float* wm, const Activations& a, int64_t K, int64_t m0,
-               int64_t g0, int64_t g1, const float* bias, float* out, int64_t N) {
+               int64_t g0, int64_t g1, const Output& out) {
   const int64_t nb = K / kBlock;
   for (int64_t g = g0; g < g1; ++g) {
     const uint8_t* wg = wq + g * nb * 128;
@@ -167,7 +168,7 @@ void q4_groups(const uint8_t* wq, const float* wd, const float* wm, const Activa
       }
     }
 #endif
-    write_group<MT>(res, bias, out, N, m0, g);
+    write_group<MT>(res, out, m0, g);
   }
 }
 
@@ -180,7 +181,7 @@ void q4_groups(const uint8_t* wq, const float* wd, const float* wm, const Activa
 // out[m, 8g .. 8g + 8) for m in [m0, m0 + MT) and g in [g0, g1).
 template <int MT>
 void q8_groups(const int8_t* wq, const float* wd, const Activations& a, int64_t K, int64_t m0, int64_t g0,
-               int64_t g1, const float* bias, float* out, int64_t N) {
+               int64_t g1, const Output& out) {
   const int64_t nb = K / kBlock;
   for (int64_t g = g0; g < g1; ++g) {
     const int8_t* wg = wq + g * nb * 256;
@@ -224,7 +225,7 @@ void q8_groups(const int8_t* wq, const float* wd, const Activations& a, int64_t 
       }
     }
 #endif
-    write_group<MT>(res, bias, out, N, m0, g);
+    write_group<MT>(res, out, m0, g);
   }
 }
 
@@ -232,25 +233,25 @@ void q8_groups(const int8_t* wq, const float* wd, const Activations& a, int64_t 
 // (block_tiles_avx512.cpp), the rest one at a time.
 template <int MT>
 void q4_tile(const uint8_t* wq, const float* wd, const float* wm, const Activations& a, int64_t K, int64_t m0,
-             int64_t g0, int64_t g1, const float* bias, float* out, int64_t N) {
+             int64_t g0, int64_t g1, const Output& out) {
   int64_t g = g0;
 #if TIERGATE_BLOCK_AVX512
   if constexpr (MT == block_tiles::kRowTile)
-    for (; g + 1 < g1; g += 2) block_tiles::q4_pair<MT>(wq, wd, wm, a, K, m0, g, bias, out, N);
+    for (; g + 1 < g1; g += 2) block_tiles::q4_pair<MT>(wq, wd, wm, a, K, m0, g, out);
 #endif
-  q4_groups<MT>(wq, wd, wm, a, K, m0, g, g1, bias, out, N);
+  q4_groups<MT>(wq, wd, wm, a, K, m0, g, g1, out);
 }
 
 template <int MT>
 void q8_tile(const int8_t* wq, const float* wd, const Activations& a, int64_t K, int64_t m0, int64_t g0,
-             int64_t g1, const float* bias, float* out, int64_t N) {
+             int64_t g1, const Output& out) {
   int64_t g = g0;
 #if TIERGATE_BLOCK_AVX512
   if constexpr (MT == block_tiles::kRowTile)
     if (a.offset != nullptr)
-      for (; g + 1 < g1; g += 2) block_tiles::q8_pair<MT>(wq, wd, a, K, m0, g, bias, out, N);
+      for (; g + 1 < g1; g += 2) block_tiles::q8_pair<MT>(wq, wd, a, K, m0, g, out);
 #endif
-  q8_groups<MT>(wq, wd, a, K, m0, g, g1, bias, out, N);
+  q8_groups<MT>(wq, wd, a, K, m0, g, g1, out);
 }
 
 // Runs tile(MT, m0, g0, g1) over all rows: column groups split across threads; within a thread's
@@ -328,12 +329,13 @@ int64_t check_packed(const torch::Tensor& w, at::ScalarType type, int64_t bytes_
   return w.size(1) * kBlock;
 }
 
-// Quantizes x's blocks, then runs tile(MT, activations, m0, g0, g1, bias, out) over M rows and
-// ceil(N/8) column groups; returns the float32 [M, N] output.
-// (q8_pair reads the activations offset by 128: `with_offset`.)
+// Quantizes x's blocks, then runs tile(MT, activations, m0, g0, g1, out) over M rows and
+// ceil(N/8) column groups; returns the [M, N] output, in x's dtype unless `float_output` (an
+// output head's logits) asks for float32. (q8_pair reads the activations offset by 128:
+// `with_offset`.)
 template <typename Tile>
-torch::Tensor run_block_linear(const torch::Tensor& x, int64_t K, const c10::optional<torch::Tensor>& bias, int64_t N,
-                               int64_t bytes_per_block, bool with_offset, Tile tile) {
+torch::Tensor run_block_linear(const torch::Tensor& x, int64_t K, const c10::optional<torch::Tensor>& bias,
+                               int64_t N, bool float_output, int64_t bytes_per_block, bool with_offset, Tile tile) {
   TORCH_CHECK(x.dim() == 2 && x.size(1) == K, "x must be [M, K] with the weight's K");
   auto parts = quantize_activation_blocks(x.stride(1) == 1 ? x : x.contiguous());
   Activations a{parts[0].data_ptr<int8_t>(), parts[1].data_ptr<float>(), parts[2].data_ptr<float>()};
@@ -343,12 +345,16 @@ torch::Tensor run_block_linear(const torch::Tensor& x, int64_t K, const c10::opt
     a.offset = offset.data_ptr<uint8_t>();
   }
   auto b = float_bias(bias, N);
-  const float* bptr = b.defined() ? b.data_ptr<float>() : nullptr;
-  auto out = torch::empty({x.size(0), N}, x.options().dtype(at::kFloat));
-  float* o = out.data_ptr<float>();
+  const bool bf16 = x.scalar_type() == at::kBFloat16 && !float_output;
+  auto result = torch::empty({x.size(0), N}, x.options().dtype(bf16 ? at::kBFloat16 : at::kFloat));
+  Output out{N, b.defined() ? b.data_ptr<float>() : nullptr};
+  if (bf16)
+    out.bf16 = result.data_ptr<at::BFloat16>();
+  else
+    out.f32 = result.data_ptr<float>();
   over_tiles(x.size(0), (N + 7) / 8, K / kBlock * bytes_per_block,
-             [&](auto mt, int64_t m0, int64_t g0, int64_t g1) { tile(mt, a, m0, g0, g1, bptr, o); });
-  return out;
+             [&](auto mt, int64_t m0, int64_t g0, int64_t g1) { tile(mt, a, m0, g0, g1, out); });
+  return result;
 }
 
 }  // namespace
@@ -360,30 +366,34 @@ std::vector<torch::Tensor> quantize_blocks_q8(torch::Tensor x) {
 }
 
 // x: [M, K]; packed: uint8 [ceil(N/8), K/32, 128] (q4_tile's layout); scales, mins: float32
-// [ceil(N/8), K/32, 8]. Returns x W^T + bias as float32 [M, N], W = scale * q + min per block.
+// [ceil(N/8), K/32, 8]. Returns x W^T + bias as [M, N] in x's dtype (float32 with float_output),
+// W = scale * q + min per block.
 torch::Tensor q4_block_linear(torch::Tensor x, torch::Tensor packed, torch::Tensor scales, torch::Tensor mins,
-                              c10::optional<torch::Tensor> bias, int64_t N) {
+                              c10::optional<torch::Tensor> bias, int64_t N, bool float_output) {
   const int64_t K = check_packed(packed, at::kByte, 128, N, scales);
   check_packed(packed, at::kByte, 128, N, mins);
   const uint8_t* wq = packed.data_ptr<uint8_t>();
   const float* wd = scales.data_ptr<float>();
   const float* wm = mins.data_ptr<float>();
   // A group's block: 128 bytes of nibbles, a scale and a min for each of its 8 columns.
-  return run_block_linear(x, K, bias, N, 128 + 64, false, [&](auto mt, const Activations& a, int64_t m0, int64_t g0, int64_t g1,
-                                             const float* b, float* o) {
-    q4_tile<decltype(mt)::value>(wq, wd, wm, a, K, m0, g0, g1, b, o, N);
-  });
+  const int64_t bytes_per_block = 128 + 64;
+  return run_block_linear(x, K, bias, N, float_output, bytes_per_block, false,
+                          [&](auto mt, const Activations& a, int64_t m0, int64_t g0, int64_t g1, const Output& o) {
+                            q4_tile<decltype(mt)::value>(wq, wd, wm, a, K, m0, g0, g1, o);
+                          });
 }
 
 // x: [M, K]; packed: int8 [ceil(N/8), K/32, 256] (q8_tile's layout); scales: float32
-// [ceil(N/8), K/32, 8]. Returns x W^T + bias as float32 [M, N], W = scale * q per block.
+// [ceil(N/8), K/32, 8]. Returns x W^T + bias as [M, N] in x's dtype (float32 with float_output),
+// W = scale * q per block.
 torch::Tensor q8_block_linear(torch::Tensor x, torch::Tensor packed, torch::Tensor scales,
-                              c10::optional<torch::Tensor> bias, int64_t N) {
+                              c10::optional<torch::Tensor> bias, int64_t N, bool float_output) {
   const int64_t K = check_packed(packed, at::kChar, 256, N, scales);
   const int8_t* wq = packed.data_ptr<int8_t>();
   const float* wd = scales.data_ptr<float>();
-  return run_block_linear(x, K, bias, N, 256 + 32, true, [&](auto mt, const Activations& a, int64_t m0, int64_t g0, int64_t g1,
-                                             const float* b, float* o) {
-    q8_tile<decltype(mt)::value>(wq, wd, a, K, m0, g0, g1, b, o, N);
-  });
+  const int64_t bytes_per_block = 256 + 32;
+  return run_block_linear(x, K, bias, N, float_output, bytes_per_block, true,
+                          [&](auto mt, const Activations& a, int64_t m0, int64_t g0, int64_t g1, const Output& o) {
+                            q8_tile<decltype(mt)::value>(wq, wd, a, K, m0, g0, g1, o);
+                          });
 }

@@ -25,13 +25,29 @@ struct Activations {
   const uint8_t* offset = nullptr;  // [M, K]: q + 128, where a tile asks for it (q8_pair)
 };
 
-// Rows m0 .. m0 + MT of column group g (+ bias) into out [M, N]; the last group may be partial.
+// Where a linear's results go: [M, N] float32, or bfloat16 when the layer runs in bf16, written
+// from the tile's fp32 sums so that no second pass over the output converts it; plus the bias.
+struct Output {
+  int64_t N;
+  const float* bias = nullptr;         // [N] or none
+  float* f32 = nullptr;                // one of the two
+  c10::BFloat16* bf16 = nullptr;
+};
+
+// Rows m0 .. m0 + MT of column group g (+ bias) into out; the last group may be partial.
 template <int MT>
-void write_group(const float (*res)[8], const float* bias, float* out, int64_t N, int64_t m0, int64_t g) {
-  const int64_t cols = std::min<int64_t>(8, N - g * 8);
+void write_group(const float (*res)[8], const Output& out, int64_t m0, int64_t g) {
+  const int64_t cols = std::min<int64_t>(8, out.N - g * 8);
+  const float* bias = out.bias ? out.bias + g * 8 : nullptr;
   for (int t = 0; t < MT; ++t) {
-    float* o = out + (m0 + t) * N + g * 8;
-    for (int c = 0; c < cols; ++c) o[c] = bias ? res[t][c] + bias[g * 8 + c] : res[t][c];
+    const int64_t at = (m0 + t) * out.N + g * 8;
+    for (int c = 0; c < cols; ++c) {
+      const float v = bias ? res[t][c] + bias[c] : res[t][c];
+      if (out.bf16)
+        out.bf16[at + c] = c10::BFloat16(v);
+      else
+        out.f32[at + c] = v;
+    }
   }
 }
 

@@ -33,7 +33,7 @@ template <int MT>
 constexpr int kUnroll = MT <= 2 ? 4 : MT <= 4 ? 2 : 1;
 
 template <int MT>
-void store_pair(const __m512* acc, const float* bias, float* out, int64_t N, int64_t m0, int64_t g) {
+void store_pair(const __m512* acc, const Output& out, int64_t m0, int64_t g) {
   float first[MT][8], second[MT][8];
   for (int t = 0; t < MT; ++t) {
     float lanes[16];
@@ -41,8 +41,8 @@ void store_pair(const __m512* acc, const float* bias, float* out, int64_t N, int
     std::memcpy(first[t], lanes, sizeof(first[t]));
     std::memcpy(second[t], lanes + 8, sizeof(second[t]));
   }
-  write_group<MT>(first, bias, out, N, m0, g);
-  write_group<MT>(second, bias, out, N, m0, g + 1);
+  write_group<MT>(first, out, m0, g);
+  write_group<MT>(second, out, m0, g + 1);
 }
 
 // Runs blocks(unroll, b) over a row of nb blocks, U at a time, then the rest one by one.
@@ -56,7 +56,7 @@ void over_blocks(int64_t nb, Blocks blocks) {
 // 4-bit groups g and g + 1 (q4_groups' layout and arithmetic) for rows m0 .. m0 + MT.
 template <int MT>
 void q4_pair(const uint8_t* wq, const float* wd, const float* wm, const Activations& a, int64_t K, int64_t m0,
-             int64_t g, const float* bias, float* out, int64_t N) {
+             int64_t g, const Output& out) {
   const int64_t nb = K / kBlock;
   const uint8_t* w0 = wq + g * nb * 128;
   const uint8_t* w1 = w0 + nb * 128;
@@ -97,7 +97,7 @@ void q4_pair(const uint8_t* wq, const float* wd, const float* wm, const Activati
       }
     }
   });
-  store_pair<MT>(acc, bias, out, N, m0, g);
+  store_pair<MT>(acc, out, m0, g);
 }
 
 // 8-bit groups g and g + 1 (q8_groups' layout and arithmetic). vpdpbusd multiplies unsigned by
@@ -108,7 +108,7 @@ void q4_pair(const uint8_t* wq, const float* wd, const float* wm, const Activati
 // tile's rows and subtracted, exactly, in integers.
 template <int MT>
 void q8_pair(const int8_t* wq, const float* wd, const Activations& a, int64_t K, int64_t m0, int64_t g,
-             const float* bias, float* out, int64_t N) {
+             const Output& out) {
   const int64_t nb = K / kBlock;
   const int8_t* w0 = wq + g * nb * 256;
   const int8_t* w1 = w0 + nb * 256;
@@ -145,7 +145,7 @@ void q8_pair(const int8_t* wq, const float* wd, const Activations& a, int64_t K,
       }
     }
   });
-  store_pair<MT>(acc, bias, out, N, m0, g);
+  store_pair<MT>(acc, out, m0, g);
 }
 
 }  // namespace block_tiles

@@ -76,12 +76,12 @@ def test_cpu_kernels_equal_the_reference(rows, cols):
     scales, mins = torch.rand(cols, 18, generator=G) * 0.01, torch.randn(cols, 18, generator=G) * 0.01
     bias = torch.randn(cols, generator=G)
     got = native.q4_block_linear(x, interleave_q4(unpack_block_nibbles(nibbles)), interleave_columns(scales),
-                                 interleave_columns(mins), bias, cols)
+                                 interleave_columns(mins), bias, cols, False)
     assert got.shape == (rows, cols) and got.dtype == torch.float32
     torch.testing.assert_close(got, q4_block_linear_ref(x, nibbles, scales, mins, bias), rtol=1e-5, atol=1e-5)
     w8 = torch.randint(-127, 128, (cols, 576), generator=G, dtype=torch.int8)
     w8[:, :32] = -127                                # the sign trick at the range's end
-    got8 = native.q8_block_linear(x, interleave_q8(w8), interleave_columns(scales), None, cols)
+    got8 = native.q8_block_linear(x, interleave_q8(w8), interleave_columns(scales), None, cols, False)
     torch.testing.assert_close(got8, q8_block_linear_ref(x, w8, scales, None), rtol=1e-5, atol=1e-4)
 
 
@@ -93,6 +93,23 @@ def test_cpu_kernel_takes_bfloat16_activations():
     # Built with -ffast-math: a bf16 value on a rounding tie may land one step away, nothing more.
     assert (q.int() - q_ref.int()).abs().max() <= 1
     assert (q != q_ref).float().mean() < 0.01
+
+
+@pytest.mark.parametrize("rows", [3, 8, 13])
+def test_cpu_kernels_write_bfloat16_as_the_rounded_float32_result(rows):
+    native = _native()
+    x = torch.randn(rows, 576, generator=G).to(torch.bfloat16)
+    cols = 203
+    scales, mins = torch.rand(cols, 18, generator=G) * 0.01, torch.randn(cols, 18, generator=G) * 0.01
+    bias = torch.randn(cols, generator=G)
+    q4 = (interleave_q4(unpack_block_nibbles(torch.randint(0, 256, (cols, 288), generator=G, dtype=torch.uint8))),
+          interleave_columns(scales), interleave_columns(mins), bias, cols)
+    q8 = (interleave_q8(torch.randint(-127, 128, (cols, 576), generator=G, dtype=torch.int8)),
+          interleave_columns(scales), bias, cols)
+    for linear, args in ((native.q4_block_linear, q4), (native.q8_block_linear, q8)):
+        wide, narrow = linear(x, *args, True), linear(x, *args, False)
+        assert wide.dtype == torch.float32 and narrow.dtype == torch.bfloat16
+        assert torch.equal(narrow, wide.to(torch.bfloat16))
 
 
 @pytest.mark.parametrize("kind", ["q4", "q8"])
