@@ -15,7 +15,6 @@ activations, so long prompts are computed slightly more exactly than decode step
 
 from __future__ import annotations
 
-import logging
 import time
 
 import torch
@@ -23,8 +22,6 @@ from torch import nn
 
 from engines.quantization.w4a8 import BlockQ4Linear
 from kernels.linear import PackedWeight
-
-log = logging.getLogger(__name__)
 
 PROBE_ROWS = (64, 128, 256, 512)
 # Dense must beat the block kernel by this much to pay for its memory (and for the decode steps

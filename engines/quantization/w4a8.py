@@ -101,6 +101,7 @@ class BlockQ4Linear(_KernelArgs, nn.Module):
         self.bias = None if bias is None else nn.Parameter(bias.detach().float().clone(), requires_grad=False)
         # A dense copy for steps of many rows (engines/quantization/dense_prefill.py), or None.
         self.dense: PackedWeight | None = None
+        self.dense_bias: torch.Tensor | None = None
         self.dense_min_rows = 0
 
     @classmethod
@@ -130,14 +131,14 @@ class BlockQ4Linear(_KernelArgs, nn.Module):
         """Multiply steps of at least `min_rows` rows by a dense `dtype` copy of these weights
         (the same values, dequantized), where that measured faster (dense_prefill.py)."""
         self.dense = PackedWeight(self.dequantized().to(dtype))
+        self.dense_bias = None if self.bias is None else self.bias.to(dtype)
         self.dense_min_rows = min_rows
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = _rows(x)
         dense = self.dense
         if dense is not None and flat.shape[0] >= self.dense_min_rows and x.is_cpu:
-            bias = None if self.bias is None else self.bias.to(x.dtype)
-            return _unrows(dense.linear(flat.to(dense.data.dtype), bias), x).to(x.dtype)
+            return _unrows(dense.linear(flat.to(dense.data.dtype), self.dense_bias), x).to(x.dtype)
         native = _native(x)
         if native is not None:
             # The kernel writes x's dtype itself: no second pass converting its fp32 sums.

@@ -15,7 +15,6 @@ from engines.llm_engine import LLMEngine
 from engines.dtype_choice import choose_dtype
 from engines.loaded_model import LoadedModel, load_model, resolve_checkpoint_dir, resolve_device
 from engines.loaders.hf_checkpoint import open_hf_checkpoint
-from engines.quantization.dense_prefill import block_linears
 from engines.quantization.artifact_cache import ensure_quantized
 from engines.quantization.calibration import CalibrationSource
 from engines.spec.config import SpeculativeConfig
@@ -76,11 +75,7 @@ def load_tier_model(name: str, cfg: EmbeddedTierConfig,
     source = _weights_source(name, cfg, calibration, notes)
     dtype = measured_dtype(name, cfg, source) if cfg.dtype == "auto" else cfg.dtype
     dense = "auto" if cfg.dense_prefill == "auto" else None
-    loaded = load_model(source, dtype, device=cfg.device, dense_prefill=dense)
-    if dense is not None and block_linears(loaded.model):
-        log.warning("tier %s: dense prefill %s", name,
-                    f"from {loaded.dense_prefill_rows} rows" if loaded.dense_prefill_rows else "off (not faster here)")
-    return loaded, notes
+    return load_model(source, dtype, device=cfg.device, dense_prefill=dense), notes
 
 
 def engine_on(name: str, cfg: EmbeddedTierConfig, loaded: LoadedModel, notes: list[str]) -> LLMEngine:
