@@ -121,7 +121,9 @@ def choose_splits(tokens: int, kv_heads: int, max_context: int, block_n: int, sm
     return max(1, min(steps, wanted, MAX_SPLITS))
 
 
-def launch_decode(q, k_pool, v_pool, block_tables, seq_of_token, context_lens, scale, kv_scales, n_splits: int):
+def launch_decode(q, k_pool, v_pool, block_tables, seq_of_token, context_lens, scale, kv_scales, n_splits: int,
+                  **launch_options):
+    """launch_options (num_warps, num_stages) go to the attention kernel: for tuning sweeps."""
     t, hq, d = q.shape
     hkv, _, _, bs, p = k_pool.shape
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -149,7 +151,7 @@ def launch_decode(q, k_pool, v_pool, block_tables, seq_of_token, context_lens, s
         ks.stride(0), ks.stride(1), vs.stride(0), vs.stride(1), block_tables.stride(0),
         out.stride(0), out.stride(1), part.stride(0), part.stride(1), part.stride(2), lse.stride(0), lse.stride(1),
         G=g, G_PAD=max(16, next_pow2(g)), D=d, BS=bs, P=p, PAGES=pages, QUANT=quant,
-        UPCAST=upcast_dots(q.dtype), SPLIT=n_splits > 1, EMULATE_RNE=interpreting())
+        UPCAST=upcast_dots(q.dtype), SPLIT=n_splits > 1, EMULATE_RNE=interpreting(), **launch_options)
     if n_splits > 1:
         _merge_kernel[(t, hq)](part, lse, out, n_splits, part.stride(0), part.stride(1), part.stride(2),
                                lse.stride(0), lse.stride(1), out.stride(0), out.stride(1),

@@ -37,3 +37,16 @@ def test_bars_read_the_llama_rows():
     bars = evaluate_bars(rows, ceilings)
     assert bars["decode_attention_bf16_vs_copy"] == {"value": 0.75, "bar": 0.7, "met": True}
     assert bars["w4a16_batch1_speedup_vs_bf16_min"]["met"] is False          # the worst shape decides
+
+
+def test_gpu_sweep_smoke_run_checks_every_configuration(tmp_path):
+    from bench.gpu_sweep import main as sweep
+
+    out = tmp_path / "sweep.json"
+    assert sweep(["--smoke", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert {r["kernel"] for r in report["rows"]} == {"decode_attention", "w4a16_gemv"}
+    assert all(r["ok"] and r["ms"] > 0 for r in report["rows"])
+    # Every shape names its best configuration and the dispatcher's own is among those timed.
+    assert {b["kernel"] for b in report["best"]} == {"decode_attention", "w4a16_gemv"}
+    assert all(b["current"] is not None and b["best_vs_current"] >= 1.0 for b in report["best"])
