@@ -7,6 +7,7 @@ import torch
 
 from kernels.cpu_extension import load_cpu_kernels
 from kernels.reference import add_rms_norm_ref, silu_mul_ref
+from kernels.reference_rope import apply_rope_ref
 from kernels.triton.select import use_triton
 
 
@@ -33,3 +34,24 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     if native is not None and gate_up.dim() == 2:
         return native.silu_mul(gate_up)
     return silu_mul_ref(gate_up)
+
+
+def rope_split_qkv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, n_heads: int, n_kv: int,
+                   head_dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The fused QKV projection's output [T, (Hq + 2 Hkv) D] -> q [T, Hq, D] and k [T, Hkv, D]
+    rotated (cos, sin: [T, 1, D], the sign of rotate_half folded into sin), v [T, Hkv, D].
+    On the CPU one C++ pass writes all three contiguous; elsewhere Q and K, adjacent columns,
+    are rotated together and v is a view."""
+    t = qkv.shape[0]
+    native = None if use_triton(qkv) else _native(qkv)
+    if native is not None and qkv.dim() == 2 and qkv.stride(1) == 1 and cos.dtype == qkv.dtype:
+        q, k, v = native.rope_split_qkv(qkv, cos, sin, n_heads, n_kv, head_dim)
+        return q, k, v
+    qk = qkv[:, : (n_heads + n_kv) * head_dim].view(t, n_heads + n_kv, head_dim)
+    if use_triton(qkv):
+        from kernels.triton.elementwise import apply_rope_triton
+        qk = apply_rope_triton(qk, cos, sin)
+    else:
+        qk = apply_rope_ref(qk, cos, sin)
+    v = qkv[:, (n_heads + n_kv) * head_dim:].view(t, n_kv, head_dim)
+    return qk[:, :n_heads], qk[:, n_heads:], v

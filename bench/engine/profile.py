@@ -10,7 +10,7 @@ each category counts its own time and not that of the parts it calls:
   gemm          every linear layer: QKV, O, gate/up, down (dense, INT8, INT4 or FP8 kernels)
   attention     the paged attention backend (KV store + attention over the blocks)
   norm          the fused residual-add + RMSNorm
-  rope          rotary embedding of Q and K
+  rope          rotary embedding of Q and K (and the split of the fused QKV output)
   glue          what the layers do between those (views, SiLU * mul, the embedding lookup)
   head          the output head and the cast of the logits
   sample        sampling (penalties, temperature, top-k/p, the draw, logprobs if asked)
@@ -36,10 +36,11 @@ from engines.engine_config import EngineConfig
 from engines.llm_engine import LLMEngine
 from engines.loaded_model import load_model
 from engines.model.layers import RMSNorm
+from engines.model import llama as llama_module
 from engines.model.llama import Attention, DecoderLayer
-from engines.model.rope import RotaryEmbedding
 from engines.quantization.methods import effective_group_size
 from engines.sampling_params import SamplingParams
+from kernels.fused import rope_split_qkv
 
 CATEGORIES = ("schedule", "prepare", "step_tensors", "gemm", "attention", "norm", "rope", "glue", "head",
               "sample", "emit", "other")
@@ -77,7 +78,7 @@ class ExclusiveTimers:
 
 @contextmanager
 def instrumented(engine: LLMEngine, timers: ExclusiveTimers):
-    """Wrap the engine's parts (instance attributes; the class-level rope function is put back after)."""
+    """Wrap the engine's parts (instance attributes; the model module's rope function is put back after)."""
     runner, model = engine.runner, engine.runner.model
     patched: list[tuple[object, str]] = []
 
@@ -101,14 +102,15 @@ def instrumented(engine: LLMEngine, timers: ExclusiveTimers):
             patch(module, "forward", "glue")
         elif hasattr(module, "in_features") and type(module).__name__.endswith("Linear"):
             patch(module, "forward", "gemm")
-    rope_apply = RotaryEmbedding.__dict__["apply"]
-    RotaryEmbedding.apply = staticmethod(timers.wrap(rope_apply.__func__, "rope"))
+    patch(llama_module, "rope_split_qkv", "rope")
     try:
         yield
     finally:
-        RotaryEmbedding.apply = rope_apply
         for obj, name in patched:
-            delattr(obj, name)
+            if obj is llama_module:
+                setattr(obj, name, rope_split_qkv)
+            else:
+                delattr(obj, name)
 
 
 def profile_batch(engine: LLMEngine, prompts: list[list[int]], steps: int, timers: ExclusiveTimers) -> dict:

@@ -12,6 +12,7 @@ from torch import nn
 
 from engines.attention import AttentionBackend
 from engines.model.layers import Linear, RMSNorm, SwiGLU
+from kernels.fused import rope_split_qkv
 from kernels.linear import PackedWeight
 from engines.model.rope import RotaryEmbedding
 from engines.model_config import ModelConfig
@@ -30,12 +31,7 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttentionBackend):
         t = x.shape[0]
-        qkv = self.qkv_proj(x)
-        # Q and K are adjacent columns: rotate them in one pass.
-        qk = RotaryEmbedding.apply(qkv[:, : self.q_size + self.kv_size].view(t, self.n_heads + self.n_kv, self.head_dim),
-                                   cos, sin)
-        q, k = qk[:, : self.n_heads], qk[:, self.n_heads:]
-        v = qkv[:, self.q_size + self.kv_size:].view(t, self.n_kv, self.head_dim)
+        q, k, v = rope_split_qkv(self.qkv_proj(x), cos, sin, self.n_heads, self.n_kv, self.head_dim)
         out = attn.forward(self.layer, q, k, v)
         return self.o_proj(out.reshape(t, self.q_size))
 

@@ -8,7 +8,6 @@ import torch
 from torch import nn
 
 from engines.model_config import ModelConfig, RopeScaling
-from kernels.triton.select import use_triton
 
 
 def inverse_frequencies(head_dim: int, theta: float, scaling: RopeScaling) -> torch.Tensor:
@@ -49,11 +48,3 @@ class RotaryEmbedding(nn.Module):
     def tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin for the step's positions, [T, 1, D]: looked up once, used by every layer."""
         return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
-
-    @staticmethod
-    def apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """x: [T, H, D] (query and key heads together)."""
-        if use_triton(x):
-            from kernels.triton.elementwise import apply_rope_triton
-            return apply_rope_triton(x, cos, sin)
-        return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin

@@ -5,6 +5,8 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <vector>
 
 namespace {
 
@@ -52,7 +54,62 @@ void silu_mul_rows(const T* gate_up, T* out, int64_t rows, int64_t I, int64_t st
   });
 }
 
+// One row of the fused QKV output: rotate its Hq query and Hkv key heads (rotate-half, the
+// sign folded into sin) into q and k, and copy its Hkv value heads into v. fp32 arithmetic,
+// one rounding to T per value.
+template <typename T>
+void rope_split_rows(const T* qkv, int64_t qkv_stride, const T* cos, const T* sin, int64_t table_stride, T* q, T* k,
+                     T* v, int64_t rows, int64_t Hq, int64_t Hkv, int64_t D) {
+  const int64_t half = D / 2;
+  at::parallel_for(0, rows, 8, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const T* x = qkv + r * qkv_stride;
+      const T* c = cos + r * table_stride;
+      const T* s = sin + r * table_stride;
+      for (int64_t h = 0; h < Hq + Hkv; ++h) {
+        const T* xh = x + h * D;
+        T* o = h < Hq ? q + (r * Hq + h) * D : k + (r * Hkv + h - Hq) * D;
+        for (int64_t i = 0; i < half; ++i) o[i] = static_cast<T>(f32(xh[i]) * f32(c[i]) + f32(xh[i + half]) * f32(s[i]));
+        for (int64_t i = half; i < D; ++i) o[i] = static_cast<T>(f32(xh[i]) * f32(c[i]) + f32(xh[i - half]) * f32(s[i]));
+      }
+      std::memcpy(v + r * Hkv * D, x + (Hq + Hkv) * D, sizeof(T) * Hkv * D);
+    }
+  });
+}
+
 }  // namespace
+
+// qkv: [T, (Hq + 2 Hkv) D] (query, key, value heads; unit column stride); cos, sin: [T, D] or
+// [T, 1, D] with unit last stride, in qkv's dtype. Returns q [T, Hq, D] and k [T, Hkv, D]
+// rotated, and v [T, Hkv, D], each contiguous: the KV write and the attention kernel read them
+// as they are, where the torch path made four temporaries for the rotation and three copies.
+std::vector<torch::Tensor> rope_split_qkv(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, int64_t Hq,
+                                          int64_t Hkv, int64_t D) {
+  TORCH_CHECK(qkv.dim() == 2 && qkv.stride(1) == 1 && qkv.size(1) == (Hq + 2 * Hkv) * D && D % 2 == 0,
+              "qkv must be [T, (Hq + 2 Hkv) D] with unit column stride");
+  TORCH_CHECK(cos.scalar_type() == qkv.scalar_type() && sin.scalar_type() == qkv.scalar_type(),
+              "cos and sin must share qkv's dtype");
+  TORCH_CHECK(cos.sizes() == sin.sizes() && cos.strides() == sin.strides() && cos.size(-1) == D &&
+                  cos.stride(-1) == 1 && cos.numel() == qkv.size(0) * D,
+              "cos and sin must be [T, D] rows with unit last stride");
+  const int64_t T = qkv.size(0);
+  auto q = torch::empty({T, Hq, D}, qkv.options());
+  auto k = torch::empty({T, Hkv, D}, qkv.options());
+  auto v = torch::empty({T, Hkv, D}, qkv.options());
+  const int64_t table_stride = T > 0 ? cos.stride(0) : D;
+  if (qkv.scalar_type() == at::kFloat) {
+    rope_split_rows<float>(qkv.data_ptr<float>(), qkv.stride(0), cos.data_ptr<float>(), sin.data_ptr<float>(),
+                           table_stride, q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(), T, Hq, Hkv,
+                           D);
+  } else if (qkv.scalar_type() == at::kBFloat16) {
+    rope_split_rows<at::BFloat16>(qkv.data_ptr<at::BFloat16>(), qkv.stride(0), cos.data_ptr<at::BFloat16>(),
+                                  sin.data_ptr<at::BFloat16>(), table_stride, q.data_ptr<at::BFloat16>(),
+                                  k.data_ptr<at::BFloat16>(), v.data_ptr<at::BFloat16>(), T, Hq, Hkv, D);
+  } else {
+    TORCH_CHECK(false, "rope_split_qkv supports float32 and bfloat16");
+  }
+  return {q, k, v};
+}
 
 // residual: [T, H] (updated in place when delta is given); weight: [H] float32. Returns [T, H].
 torch::Tensor add_rms_norm(torch::Tensor residual, c10::optional<torch::Tensor> delta, torch::Tensor weight,

@@ -60,7 +60,6 @@ def test_rope_matches_reference_on_the_fused_qk_view(dtype):
     got = apply_rope_triton(x, cos, sin)
     want = apply_rope_ref(x, cos, sin)
     torch.testing.assert_close(got.float(), want.float(), atol=TOL[dtype], rtol=TOL[dtype])
-    torch.testing.assert_close(want, RotaryEmbedding.apply(x, cos, sin))   # the reference is the model's op
 
 
 def test_rms_norm_needs_rows():

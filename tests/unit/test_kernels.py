@@ -120,3 +120,30 @@ def test_native_fused_elementwise_ops_match_reference(native, dtype, tol):
     # The fused op rounds once; compare with fp32 math on the same inputs.
     exact = silu_mul_ref(gate_up.float())
     torch.testing.assert_close(native.silu_mul(gate_up).float(), exact, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-6), (torch.bfloat16, 8e-3)])
+def test_native_rope_split_rotates_q_and_k_and_copies_v(native, dtype, tol):
+    from engines.model.rope import RotaryEmbedding
+    from engines.model_config import ModelConfig
+    from kernels.fused import rope_split_qkv
+    from kernels.reference_rope import apply_rope_ref
+    from tests.tiny_models import tiny_hf_config
+
+    hq, hkv, d = 9, 3, 64
+    cfg = ModelConfig.from_hf(tiny_hf_config(num_attention_heads=hq, num_key_value_heads=hkv, hidden_size=hq * d,
+                                             rope_theta=100000.0).to_dict())
+    cos, sin = RotaryEmbedding(cfg, dtype).tables(torch.tensor([0, 1, 17, 33, 100, 101, 255]))
+    g = torch.Generator().manual_seed(6)
+    # A strided input: the rows of a wider buffer, as a projection's output view can be.
+    qkv = torch.randn(7, (hq + 2 * hkv) * d + 32, generator=g).to(dtype)[:, : (hq + 2 * hkv) * d]
+    q, k, v = native.rope_split_qkv(qkv, cos, sin, hq, hkv, d)
+    assert all(t.is_contiguous() for t in (q, k, v))
+    # The rotation rounds once from fp32 math on the same inputs.
+    want = apply_rope_ref(qkv[:, : (hq + hkv) * d].view(7, hq + hkv, d).float(), cos.float(), sin.float())
+    torch.testing.assert_close(q.float(), want[:, :hq], rtol=tol, atol=tol)
+    torch.testing.assert_close(k.float(), want[:, hq:], rtol=tol, atol=tol)
+    assert torch.equal(v, qkv[:, (hq + hkv) * d:].reshape(7, hkv, d))
+    # The model's dispatcher takes this kernel on the CPU and gives the same tensors.
+    for got, ours in zip(rope_split_qkv(qkv, cos, sin, hq, hkv, d), (q, k, v), strict=True):
+        assert torch.equal(got, ours)
