@@ -49,6 +49,11 @@ AFFINITY_SLACK = 4
 AFFINITY_TOKENS = 64            # the prompt's head that names its prefix
 AFFINITY_ENTRIES = 4096         # prefixes remembered (oldest forgotten first)
 START_TIMEOUT_S = 600.0
+# libgomp spin iterations before a waiting worker sleeps, for the workers of an engine that may
+# run more threads while it is alone on the machine (`solo_threads`): long enough to span the
+# Python between a step's ops, short enough that a worker left waiting soon stops using its core.
+SOLO_SPIN_COUNT = 100_000
+_SPAWN_ENV_LOCK = threading.Lock()
 _STEP_FAILED = "the engine failed while computing this request"
 _DEAD = "the engine stopped after repeated failures"
 _EXITED = "an engine process exited"
@@ -69,7 +74,8 @@ def _worker_main(build: Callable[[], object], threads: int | None, commands, out
     import torch
 
     if threads is not None:
-        torch.set_num_threads(threads)      # a process of its own: the process-wide setter is right
+        # On this thread, the stepping one: OpenMP keeps the team size per calling thread.
+        torch.set_num_threads(threads)
     send_lock = threading.Lock()
 
     def send(message) -> None:
@@ -120,6 +126,10 @@ def _worker_main(build: Callable[[], object], threads: int | None, commands, out
                 if out is not None:
                     aborted.append(out)
                 continue
+            if kind == "threads":
+                torch.set_num_threads(message[1])       # from the next step's first op
+                send(("threads", torch.get_num_threads()))
+                continue
             _, request_id, prompt_ids, params, scope, priority, *grammar = message
             try:
                 engine.add_request(request_id, prompt_ids, params, scope, priority, grammar[0] if grammar else None)
@@ -156,6 +166,7 @@ class _Worker:
         self.commands = commands
         self.outputs = outputs
         self.in_flight = 0
+        self.threads = 0                 # its OpenMP team size, as it reported
         self.stats = EngineStats()
         # Commands leave through a thread of their own: a pipe write blocks while the worker's
         # reader is busy (compiling a grammar) and the pipe is full, and the event loop must not.
@@ -180,10 +191,17 @@ class ProcessEngine:
     """`workers` engine processes, each built by `build()` and running `threads` CPU threads."""
 
     def __init__(self, build: Callable[[], object], grammars: GrammarCompiler, *, tokenizer=None, workers: int = 1,
-                 threads: int | None = None, max_step_failures: int = MAX_STEP_FAILURES,
+                 threads: int | None = None, solo_threads: int | None = None,
+                 max_step_failures: int = MAX_STEP_FAILURES,
                  on_dead: Callable[[ProcessEngine], None] | None = None, start_timeout_s: float = START_TIMEOUT_S):
+        """solo_threads: the thread count while `set_alone(True)` holds (the workers then spin
+        briefly between ops); `threads` otherwise."""
         if workers < 1:
             raise ValueError("workers must be at least 1")
+        if solo_threads is not None and threads is None:
+            raise ValueError("solo_threads needs threads")
+        self._threads, self._solo_threads = threads, solo_threads
+        self._alone = False
         self.grammars = grammars         # the parent's compiler: refuses a bad grammar before it is sent
         self.tokenizer = tokenizer       # the model's, for the gateway's own use (rendering, grammars)
         self.on_dead = on_dead
@@ -200,7 +218,7 @@ class ProcessEngine:
             out_read, out_write = context.Pipe(duplex=False)
             process = context.Process(target=_worker_main, name=f"tiergate-engine-{index}", daemon=True,
                                       args=(build, threads, cmd_read, out_write, max_step_failures))
-            process.start()
+            self._start(process, spin=solo_threads is not None)
             cmd_read.close()
             out_write.close()
             self._workers.append(_Worker(index, process, cmd_write, out_read))
@@ -210,11 +228,41 @@ class ProcessEngine:
             self._terminate()
             raise
         self.limits: RequestLimits = readies[0].limits
-        self.threads_in_use = readies[0].threads
+        for worker, ready in zip(self._workers, readies, strict=True):
+            worker.threads = ready.threads
         self.pids = [r.pid for r in readies]
         for worker in self._workers:
             threading.Thread(target=self._read, args=(worker,), name=f"tiergate-engine-reader-{worker.index}",
                              daemon=True).start()
+
+    @staticmethod
+    def _start(process, spin: bool) -> None:
+        """Start a worker; with `spin`, its OpenMP runtime reads SOLO_SPIN_COUNT when torch loads
+        there (a spawned process takes this process's environment, and libgomp reads it once)."""
+        if not spin:
+            process.start()
+            return
+        with _SPAWN_ENV_LOCK:
+            before = os.environ.get("GOMP_SPINCOUNT")
+            os.environ["GOMP_SPINCOUNT"] = str(SOLO_SPIN_COUNT)
+            try:
+                process.start()
+            finally:
+                if before is None:
+                    del os.environ["GOMP_SPINCOUNT"]
+                else:
+                    os.environ["GOMP_SPINCOUNT"] = before
+
+    def set_alone(self, alone: bool) -> None:
+        """Whether this engine is the only one with work on the machine: with `solo_threads`,
+        the workers switch to that many threads (or back to `threads`) before their next step.
+        `threads_in_use` follows once they have."""
+        if self._solo_threads is None or alone == self._alone:
+            return
+        self._alone = alone
+        count = self._solo_threads if alone else self._threads
+        for worker in self._workers:
+            worker.send(("threads", count))
 
     @staticmethod
     def _await_ready(worker: _Worker, timeout_s: float) -> WorkerReady:
@@ -247,6 +295,11 @@ class ProcessEngine:
     @property
     def workers(self) -> int:
         return len(self._workers)
+
+    @property
+    def threads_in_use(self) -> int:
+        """Threads per worker, as the workers last reported (the fewest, while they switch)."""
+        return min(w.threads for w in self._workers)
 
     @property
     def dead(self) -> bool:
@@ -358,6 +411,8 @@ class ProcessEngine:
                 self._deliver(message[1])
             elif kind == "error":
                 self._fail(message[1], message[2])
+            elif kind == "threads":
+                worker.threads = message[1]
             elif kind == "step_failed":
                 _, failed, dead, worker.stats = message
                 self.step_failures += 1

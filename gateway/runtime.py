@@ -13,6 +13,7 @@ from engines.quantization.calibration import CalibrationSource
 from gateway.auth import KeyTable
 from gateway.limits import GatewayLimits
 from gateway.tiers.base import Tier
+from gateway.tiers.core_sharing import CoreSharing
 from gateway.tiers.embedded import EmbeddedTier
 from gateway.tiers.upstream import UpstreamTier
 from policies.classify import Classifier
@@ -54,9 +55,11 @@ class Runtime:
     # Budgets, breakers and retry budget: set by the holder when the app starts and
     # carried over (or reconfigured) on each reload; see gateway/limits.py.
     limits: GatewayLimits | None = field(default=None, init=False)
+    core_sharing: CoreSharing = field(init=False)
 
     def __post_init__(self) -> None:
         cfg = self.config
+        self.core_sharing = CoreSharing(self.tiers.values())
         self.classifier = Classifier(cfg.classification)
         self.router = Router(cfg.models, cfg.routing.rules)
         self.keys = KeyTable(cfg.auth)
@@ -118,6 +121,8 @@ class RuntimeHolder:
                 task = asyncio.get_running_loop().create_task(self._retire(old))
                 self._retiring.add(task)
                 task.add_done_callback(self._retiring.discard)
+        if runtime is not self.current:
+            self.current.core_sharing.detach()
         self.current = runtime
         self.generation += 1
 

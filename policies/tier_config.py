@@ -95,6 +95,11 @@ class EmbeddedTierConfig(_TierBase):
                                     "each a whole engine (weights, KV pool) running `threads` threads, the tier's "
                                     "requests spread over them: no GIL shared with the gateway, and on a small CPU "
                                     "N one-thread engines outrun one engine whose threads wake each other per op")
+    solo_threads: int | None = Field(
+        None, ge=1, le=256, description="engine processes only: CPU threads while no other embedded tier has calls "
+                                        "in flight, back to `threads` as soon as one has. Their OpenMP workers spin "
+                                        "briefly between ops (GOMP_SPINCOUNT) rather than sleep, which pays only on "
+                                        "cores nothing else is using: a batch-1 latency tier on an idle machine")
     max_in_flight: int | None = Field(
         None, gt=0, description="above this many calls open to the tier, routing passes it over for the next "
                                 "tier of the chain; when every tier left is busy, the first busy one takes it")
@@ -103,6 +108,12 @@ class EmbeddedTierConfig(_TierBase):
     def _budget_covers_batch(self) -> EmbeddedTierConfig:
         if self.max_num_batched_tokens < self.max_num_seqs:
             raise ValueError("max_num_batched_tokens must be at least max_num_seqs")
+        if self.solo_threads is not None:
+            if not self.engine_processes:
+                raise ValueError("solo_threads needs engine_processes: the thread count of an engine in the "
+                                 "gateway's process is not switched per step")
+            if self.threads is None or self.solo_threads <= self.threads:
+                raise ValueError("solo_threads must be above threads (set both)")
         return self
 
 
@@ -115,6 +126,11 @@ class UpstreamTierConfig(_TierBase):
     api_key_env: str | None = Field(None, description="environment variable holding the upstream's API key")
     connect_timeout_s: float = Field(5.0, gt=0)
     read_timeout_s: float = Field(120.0, gt=0, description="longest wait for the next byte of the answer")
+    solo_threads: int | None = Field(
+        None, ge=1, le=256, description="engine processes only: CPU threads while no other embedded tier has calls "
+                                        "in flight, back to `threads` as soon as one has. Their OpenMP workers spin "
+                                        "briefly between ops (GOMP_SPINCOUNT) rather than sleep, which pays only on "
+                                        "cores nothing else is using: a batch-1 latency tier on an idle machine")
     max_in_flight: int | None = Field(
         None, gt=0, description="above this many calls open to the tier, routing passes it over for the next "
                                 "tier of the chain; when every tier left is busy, the first busy one takes it")

@@ -10,7 +10,7 @@ Three outcomes besides an answer, so fallback and circuit breakers can act on th
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -97,7 +97,25 @@ class Tier:
         self.config = config
         self.state = "loading"
         self.error: str | None = None
-        self.in_flight = 0               # calls the gateway has open to this tier (for /metrics)
+        self._in_flight = 0
+        # Told when the tier goes from no calls in flight to some, or back (gateway/tiers/core_sharing.py).
+        self.on_busy_change: Callable[[], None] | None = None
+
+    @property
+    def in_flight(self) -> int:
+        """Calls the gateway has open to this tier (for /metrics, max_in_flight and core sharing)."""
+        return self._in_flight
+
+    @in_flight.setter
+    def in_flight(self, value: int) -> None:
+        was_busy = self._in_flight > 0
+        self._in_flight = value
+        if was_busy != (value > 0) and self.on_busy_change is not None:
+            self.on_busy_change()
+
+    def set_alone(self, alone: bool) -> None:
+        """Whether no other tier on this machine has calls in flight. Tiers that compute here
+        may use more cores then; the others ignore it."""
 
     @property
     def ready(self) -> bool:

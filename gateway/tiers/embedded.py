@@ -70,6 +70,7 @@ class EmbeddedTier(Tier):
         self.restarter = EngineRestarter(name, self._rebuild, self._restarted, self._give_up, restart_policy)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closing = False
+        self._alone = False              # the last word of gateway/tiers/core_sharing.py
 
     # ---- lifecycle ------------------------------------------------------------------
     async def start(self) -> None:
@@ -114,11 +115,18 @@ class EmbeddedTier(Tier):
                                   str(loaded.dtype).removeprefix("torch."), loaded.dense_prefill_rows)
         return ProcessEngine(build, GrammarCompiler(loaded.tokenizer, loaded.config.vocab_size),
                              tokenizer=loaded.tokenizer, workers=self.config.engine_processes,
-                             threads=self.config.threads, on_dead=self._engine_died)
+                             threads=self.config.threads, solo_threads=self.config.solo_threads,
+                             on_dead=self._engine_died)
+
+    def set_alone(self, alone: bool) -> None:
+        self._alone = alone
+        if isinstance(self.engine, ProcessEngine):
+            self.engine.set_alone(alone)
 
     def _install(self, built: LLMEngine | ProcessEngine) -> None:
         if isinstance(built, ProcessEngine):
             self.engine = built
+            built.set_alone(self._alone)          # a rebuilt engine starts as the last one was told
             return
         self.engine = AsyncEngine(built, on_dead=self._engine_died, threads=self.config.threads)
         self.loaded = built.loaded

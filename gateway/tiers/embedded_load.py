@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 # and admitted. Every other field of EmbeddedTierConfig is an EngineConfig field, passed on as is.
 TIER_ONLY_FIELDS = frozenset({"kind", "model", "served_name", "dtype", "device", "quantization",
                               "quant_group_size", "max_in_flight", "capabilities", "threads",
-                              "engine_processes", "dense_prefill"})
+                              "solo_threads", "engine_processes", "dense_prefill"})
 # YAML name -> engine name, where they differ: the YAML takes a size with its unit ("512MiB").
 ENGINE_FIELD_NAMES = {"kv_cache_memory": "kv_cache_memory_bytes"}
 

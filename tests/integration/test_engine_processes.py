@@ -31,9 +31,10 @@ def tiny_dir(tmp_path_factory):
     return path
 
 
-def _tier(tiny_dir, processes: int) -> EmbeddedTier:
+def _tier(tiny_dir, processes: int, **settings) -> EmbeddedTier:
     config = EmbeddedTierConfig(model=str(tiny_dir), dtype="float32", max_model_len=256, kv_cache_memory="1MiB",
-                                max_num_seqs=4, max_num_batched_tokens=64, engine_processes=processes, threads=1)
+                                max_num_seqs=4, max_num_batched_tokens=64, engine_processes=processes, threads=1,
+                                **settings)
     return EmbeddedTier("tiny", config, restart_policy=RestartPolicy(backoff_s=(0.0,)))
 
 
@@ -125,6 +126,45 @@ async def test_limits_are_checked_here_and_aborts_free_the_workers_blocks(tiny_d
         assert _choice(answer.body)["finish_reason"] in ("stop", "length")
     finally:
         await tier.close()
+
+
+async def test_solo_threads_follow_the_other_tiers_work_and_the_workers_spin(tiny_dir):
+    from engines.engine_process import SOLO_SPIN_COUNT
+    from gateway.tiers.core_sharing import CoreSharing
+
+    local = _tier(tiny_dir, 0)
+    await local.start()
+    try:
+        want = [_choice((await local.complete(_call(f"l{i}", p))).body) for i, p in enumerate(PROMPTS[:3])]
+    finally:
+        await local.close()
+    tier, neighbour = _tier(tiny_dir, 1, solo_threads=2), _tier(tiny_dir, 1)
+    sharing = CoreSharing([tier, neighbour])          # neither started: both told they are alone
+    await tier.start()
+    try:
+        engine = tier.engine
+        await _until(lambda: engine.threads_in_use == 2, "two threads while alone")
+        environ = open(f"/proc/{engine.pids[0]}/environ", "rb").read().split(b"\0")
+        assert f"GOMP_SPINCOUNT={SOLO_SPIN_COUNT}".encode() in environ
+        assert os.environ.get("GOMP_SPINCOUNT") is None or os.environ["GOMP_SPINCOUNT"] != str(SOLO_SPIN_COUNT)
+        # The answers do not depend on how many threads computed them.
+        assert [_choice((await tier.complete(_call(f"a{i}", p))).body) for i, p in enumerate(PROMPTS[:3])] == want
+        neighbour.in_flight += 1                      # another tier has work: back to one thread
+        await _until(lambda: engine.threads_in_use == 1, "one thread beside a busy tier")
+        assert _choice((await tier.complete(_call("beside", PROMPTS[0]))).body) == want[0]
+        neighbour.in_flight -= 1
+        await _until(lambda: engine.threads_in_use == 2, "two threads again")
+        assert tier.describe()["threads"] == 2
+    finally:
+        sharing.detach()
+        await tier.close()
+
+
+def test_solo_threads_need_engine_processes_and_more_than_threads():
+    with pytest.raises(ValueError, match="engine_processes"):
+        EmbeddedTierConfig(model="default", threads=1, solo_threads=2)
+    with pytest.raises(ValueError, match="above threads"):
+        EmbeddedTierConfig(model="default", engine_processes=1, threads=2, solo_threads=2)
 
 
 async def test_a_worker_that_dies_fails_its_requests_and_the_tier_rebuilds(tiny_dir):

@@ -12,8 +12,9 @@ from bench.engine.profile import CATEGORIES, ExclusiveTimers, instrumented, prof
 from engines.engine_config import EngineConfig
 from engines.llm_engine import LLMEngine
 from engines.loaded_model import load_model
-from engines.model.rope import RotaryEmbedding
+from engines.model import llama as llama_module
 from engines.sampling_params import SamplingParams
+from kernels.fused import rope_split_qkv
 from tests.tiny_models import TINY_VOCAB, write_tiny_checkpoint
 
 
@@ -59,5 +60,5 @@ def test_parts_add_up_to_the_step_and_tokens_are_unchanged(tiny):
     # the step is the root: the parts cover it (the loop around it adds only perf_counter calls)
     assert sum(result["share"].values()) == pytest.approx(1.0, abs=0.1)
     assert not any(n in vars(eng) for n in ("step", "_schedule", "_emit")) and "apply" not in vars(eng.runner)
-    assert isinstance(RotaryEmbedding.__dict__["apply"], staticmethod)
+    assert llama_module.rope_split_qkv is rope_split_qkv              # the model's rope is its own again
     assert eng.block_manager.num_free_blocks == eng.block_manager.num_blocks
