@@ -1,6 +1,7 @@
 """Launch-parameter sweep for the two kernels whose GPU bars depend on tuning: paged decode
 attention (splits of the context, warps, pipeline stages) and the batch-1 W4A16 GEMV
-(column tile, programs per SM, K step, warps), at the Llama-8B sizes gpu_check judges.
+(column tile, programs per SM, K step, warps), at the Llama-8B sizes gpu_check judges; and
+W4A16 at 16-512 rows, tensor-core tiles against dequantize + dense GEMM (DEQUANTIZE_MIN_ROWS).
 Each configuration is checked against the torch reference once and timed by CUDA graph
 replays with a cold L2 (bench/gpu_timing.py: the kernels' GPU time); the JSON lists every row and the best per shape, next to
 the configuration the dispatcher picks today.
@@ -105,6 +106,41 @@ def gemv_rows(torch, device, timed, smoke: bool, copy_gbps: float) -> list[dict]
     return rows
 
 
+def prefill_rows(torch, device, timed, smoke: bool, copy_gbps: float) -> list[dict]:
+    """W4A16 at several row counts: the tensor-core tiles against dequantize-then-dense-GEMM,
+    the choice that DEQUANTIZE_MIN_ROWS makes."""
+    import torch.nn.functional as F
+
+    from kernels.reference_gemm import w4a16_linear_ref
+    from kernels.triton.gemm_weight_only import DEQUANTIZE_MIN_ROWS, dequantize_w4, w4a16_linear, w4a16_plan
+
+    shapes = [(96, 64)] if smoke else [(6144, 4096), (28672, 4096), (4096, 14336)]
+    rows_list = (4, 8) if smoke else (16, 32, 64, 128, 256, 512)
+    group = 32 if smoke else 128
+    out = []
+    for n, k in shapes:
+        g = torch.Generator().manual_seed(4)
+        q4 = torch.randint(0, 256, (n, k // 2), generator=g, dtype=torch.uint8).to(device)
+        s4 = (torch.rand(n, k // group, generator=g) * 0.01 + 0.005).to(device)
+        z4 = (torch.randn(n, k // group, generator=g) * 0.01).to(device)
+        for m in rows_list:
+            x = torch.randn(m, k, generator=g).to(torch.bfloat16).to(device)
+            want = w4a16_linear_ref(x, q4, s4, z4, group)
+            plan = w4a16_plan(m, n, k, group, device)
+            paths = {"tiles": lambda x=x, p=plan: w4a16_linear(x, q4, s4, z4, group, plan=p),
+                     "dequantize": lambda x=x: F.linear(x, dequantize_w4(q4, s4, z4, group, k, x.dtype))}
+            chosen = "dequantize" if m >= DEQUANTIZE_MIN_ROWS else "tiles"
+            for path, run in paths.items():
+                row = {"kernel": "w4a16_prefill", "shape": f"M={m} N={n} K={k}", "path": path,
+                       "current": path == chosen}
+                row = _measure(row, run, lambda r=run: _rel_err(r(), want), 1e-2, timed,
+                               q4.numel() + 8 * s4.numel() + 2 * m * (k + n), copy_gbps)
+                if "ms" in row:
+                    row["TFLOPs"] = 2 * m * n * k / row["ms"] / 1e9
+                out.append(row)
+    return out
+
+
 def _rel_err(got, want) -> float:
     return ((got.float() - want.float()).abs().max() / want.float().abs().max().clamp_min(1e-30)).item()
 
@@ -140,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path, default=Path("gpu_sweep.json"))
     parser.add_argument("--smoke", action="store_true", help="CPU + interpreter, tiny shapes (no figures)")
+    parser.add_argument("--only", default="", help="comma-separated families: decode, gemv, prefill")
     args = parser.parse_args(argv)
     if args.smoke:
         os.environ["TRITON_INTERPRET"] = "1"
@@ -158,7 +195,9 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     report = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu (smoke)",
               "copy_GBps": copy_gbps, "rows": [], "best": []}
-    for family in (decode_rows, gemv_rows):
+    families = {"decode": decode_rows, "gemv": gemv_rows, "prefill": prefill_rows}
+    for name in args.only.split(",") if args.only else families:
+        family = families[name]
         report["rows"] += family(torch, device, timed, args.smoke, copy_gbps)
         report["best"] = best_per_shape(report["rows"])
         report["seconds"] = time.perf_counter() - started
@@ -166,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
         args.json.write_text(json.dumps(report, indent=2))
     for b in report["best"]:
         cfg = {k: v for k, v in b["best"].items() if k in ("splits", "num_warps", "num_stages", "block_n",
-                                                             "block_k", "split_k")}
+                                                             "block_k", "split_k", "path")}
         print(f"best {b['kernel']} {b['shape']}: {b['best']['ms']:.4f} ms ({b['best']['pct_of_copy']:.0f} % of copy) "
               f"{cfg}; {b['best_vs_current'] or 0:.2f}x the current choice")
     return 0

@@ -6,19 +6,25 @@ w = (q - 8) * scale + zero. HF AWQ checkpoints are converted to it at load
 (engines/loaders/hf_awq.py), so one kernel serves both. Even and odd input columns are
 multiplied with the low and high nibbles separately, so nibbles are never interleaved.
 A tile of BLOCK_K columns lies in one group (BLOCK_K divides the group size). One input
-row (batch-1 decode) takes the GEMV in kernels/triton/gemv_int4.py instead.
+row (batch-1 decode) takes the GEMV in kernels/triton/gemv_int4.py instead; from
+DEQUANTIZE_MIN_ROWS rows (prefill) the weight is dequantized by one kernel and cuBLAS multiplies.
 INT8: int8 [N, K] with one scale per output channel, applied once to the accumulator.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from kernels.triton._common import interpreting, num_sms, upcast_dots
+from kernels.triton._common import cdiv, interpreting, num_sms, upcast_dots
 from kernels.triton.gemm_common import GemmPlan, finish, gemm_output, output_strides, plan_gemm, store_tile
 from kernels.triton.gemv_int4 import launch_w4a16_gemv, plan_gemv
+from kernels.triton.jit_utils import cast_for
+
+# From this many rows W4A16 dequantizes the weight and multiplies it dense (H200, bench/gpu_sweep.py).
+DEQUANTIZE_MIN_ROWS = 128
 
 
 @triton.jit
@@ -65,6 +71,29 @@ def _w4a16_kernel(x_ptr, q_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, M, N, K, k_per_
 
 
 @triton.jit
+def _dequantize_int4_kernel(q_ptr, s_ptr, z_ptr, out_ptr, N, K, sq_n, ss_n, sz_n, so_n, GROUP: tl.constexpr,
+                            BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EMULATE_RNE: tl.constexpr):
+    """out[:, :K] = (q - 8) * scale + zero, in out's dtype: the values the tile kernel hands its
+    MMA. BLOCK_K divides the group, so a tile reads one scale and zero per row."""
+    pid_n, pid_k = tl.program_id(0), tl.program_id(1)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = rn < N
+    k0 = tl.multiple_of(pid_k * BLOCK_K, BLOCK_K)
+    kp = tl.multiple_of(k0 // 2, BLOCK_K // 2)
+    packed = tl.load(q_ptr + rn[:, None] * sq_n + (kp + tl.arange(0, BLOCK_K // 2))[None, :], mask=n_ok[:, None],
+                     other=0)
+    group = k0 // GROUP
+    scale = tl.load(s_ptr + rn * ss_n + group, mask=n_ok, other=0.0).to(tl.float32)[:, None]
+    zero = tl.load(z_ptr + rn * sz_n + group, mask=n_ok, other=0.0).to(tl.float32)[:, None]
+    w_low = ((packed & 15).to(tl.float32) - 8.0) * scale + zero          # even columns
+    w_high = ((packed >> 4).to(tl.float32) - 8.0) * scale + zero         # odd columns
+    w = tl.reshape(tl.join(w_low, w_high), [BLOCK_N, BLOCK_K])
+    cols = k0 + tl.arange(0, BLOCK_K)
+    tl.store(out_ptr + rn[:, None] * so_n + cols[None, :], cast_for(out_ptr, w, EMULATE_RNE),
+             mask=n_ok[:, None] & (cols < K)[None, :])
+
+
+@triton.jit
 def _w8a16_kernel(x_ptr, q_ptr, s_ptr, bias_ptr, out_ptr, M, N, K, k_per_split, sx_m, sq_n, so_s, so_m,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST: tl.constexpr,
                   HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, EMULATE_RNE: tl.constexpr):
@@ -100,6 +129,19 @@ def w4a16_plan(m: int, n: int, k: int, group_size: int, device: torch.device) ->
     return plan_gemm(m, n, k, min(group_size, 128), num_sms(device))
 
 
+def dequantize_w4(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group_size: int, k: int,
+                  dtype: torch.dtype) -> torch.Tensor:
+    """The first k columns of the INT4 weight, dequantized to `dtype` [N, k] by one kernel."""
+    n = qweight.shape[0]
+    out = torch.empty((n, k), dtype=dtype, device=qweight.device)
+    block_k = min(group_size, 128)
+    block_n = 32
+    _dequantize_int4_kernel[(cdiv(n, block_n), cdiv(k, block_k))](
+        qweight, scales, zeros, out, n, k, qweight.stride(0), scales.stride(0), zeros.stride(0), out.stride(0),
+        GROUP=group_size, BLOCK_N=block_n, BLOCK_K=block_k, EMULATE_RNE=interpreting())
+    return out
+
+
 def w4a16_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
                  group_size: int, bias: torch.Tensor | None = None, plan: GemmPlan | None = None) -> torch.Tensor:
     """x [..., K] @ dequant(q)^T (+ bias) -> [..., N]; K may be shorter than the padded 2 * q.shape[1].
@@ -113,6 +155,12 @@ def w4a16_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, z
         # Tiles read whole groups without a K mask: the weight must be padded to them.
         raise ValueError(f"W4A16: weight width {2 * qweight.shape[1]} is not {scales.shape[1]} groups of "
                          f"{group_size} (scales {tuple(scales.shape)}, zeros {tuple(zeros.shape)})")
+    if plan is None and m >= DEQUANTIZE_MIN_ROWS:
+        # Prefill-sized steps: dequantize once and let the dense GEMM (cuBLAS) multiply; the
+        # tile kernel dequantizes every weight tile once per row tile, in CUDA cores.
+        weight = dequantize_w4(qweight, scales, zeros, group_size, k, flat.dtype)
+        out = F.linear(flat, weight, None if bias is None else bias.to(flat.dtype))
+        return out.view(*x.shape[:-1], n)
     plan = plan or w4a16_plan(m, n, k, group_size, x.device)
     if plan.k_per_split % plan.block_k or group_size % plan.block_k:
         raise ValueError(f"W4A16: tiles of {plan.block_k} columns must divide the split ({plan.k_per_split}) "

@@ -45,8 +45,8 @@ def test_gpu_sweep_smoke_run_checks_every_configuration(tmp_path):
     out = tmp_path / "sweep.json"
     assert sweep(["--smoke", "--json", str(out)]) == 0
     report = json.loads(out.read_text())
-    assert {r["kernel"] for r in report["rows"]} == {"decode_attention", "w4a16_gemv"}
+    assert {r["kernel"] for r in report["rows"]} == {"decode_attention", "w4a16_gemv", "w4a16_prefill"}
     assert all(r["ok"] and r["ms"] > 0 for r in report["rows"])
     # Every shape names its best configuration and the dispatcher's own is among those timed.
-    assert {b["kernel"] for b in report["best"]} == {"decode_attention", "w4a16_gemv"}
+    assert {b["kernel"] for b in report["best"]} == {"decode_attention", "w4a16_gemv", "w4a16_prefill"}
     assert all(b["current"] is not None and b["best_vs_current"] >= 1.0 for b in report["best"])

@@ -63,6 +63,24 @@ def test_w4a16_matches_reference(dtype, shape, group):
         torch.testing.assert_close(got, x @ dense[:, :k].t() + b, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("group", [32, 128])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_w4a16_prefill_rows_multiply_the_dequantized_weight(dtype, group):
+    from kernels.triton.gemm_weight_only import DEQUANTIZE_MIN_ROWS, dequantize_w4
+
+    m, n, k = DEQUANTIZE_MIN_ROWS + 3, 70, 200                # K padded to whole groups, ragged N
+    w, x, b = _data(m, n, k, dtype, seed=3)
+    q, scales, zeros, dense = _int4(w, group)
+    # The kernel writes exactly the values the tile kernel feeds its MMA (fp32: the weight itself).
+    assert torch.equal(dequantize_w4(q, scales, zeros, group, k, torch.float32), dense[:, :k])
+    assert torch.equal(dequantize_w4(q, scales, zeros, group, k, torch.bfloat16), dense[:, :k].to(torch.bfloat16))
+    got = w4a16_linear(x, q, scales, zeros, group, b)
+    _close(got, w4a16_linear_ref(x, q, scales, zeros, group, b), dtype)
+    # Below the threshold the tiles answer the same.
+    tiles = w4a16_linear(x[: DEQUANTIZE_MIN_ROWS - 1], q, scales, zeros, group, b)
+    _close(tiles, got[: DEQUANTIZE_MIN_ROWS - 1], dtype)
+
+
 def test_w4a16_takes_the_int4_modules_portable_form():
     w, x, b = _data(4, 96, 200, torch.bfloat16, seed=5)
     layer = Int4Linear(w, b, 64)
