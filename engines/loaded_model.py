@@ -18,6 +18,7 @@ from engines.loaders.hf_awq import awq_group_size, install_awq_linears
 from engines.loaders.hf_checkpoint import open_hf_checkpoint
 from engines.loaders.hf_fp8 import fp8_checkpoint_method, install_fp8_linears
 from engines.model import LlamaForCausalLM
+from engines.model.fused_decoder import attach_fused_decoder
 from engines.model.weights import load_hf_state_dict
 from engines.model_config import ModelConfig
 from engines.quantization.artifact import is_quantized_dir, load_artifact_into
@@ -96,6 +97,7 @@ def move_model(model: LlamaForCausalLM, device: torch.device) -> None:
                 module.drop_cpu_pack()        # CPU-only layout; the nibble form serves elsewhere
     model.to(device)
     model.pack_weights()                      # oneDNN packs on CPU, the plain weight elsewhere
+    attach_fused_decoder(model)
 
 
 def gguf_source_path(source: str | Path | None, cache_root: Path | None = None) -> Path | None:
@@ -157,6 +159,7 @@ def load_model(
     if target.type == "cpu":
         model.pack_weights()
         dense_rows = _dense_prefill(model, torch_dtype, dense_prefill)
+        attach_fused_decoder(model)
     else:
         move_model(model, target)
     log.info("loaded %s (%s%s) on %s in %.1fs", ckpt.path.name, torch_dtype,

@@ -22,10 +22,11 @@ log = logging.getLogger(__name__)
 _SOURCES = ("vector_math.cpp", "attention_fp32.cpp", "attention_bf16.cpp", "paged_attention.cpp", "kv_int8.cpp",
             "kv_fp8.cpp", "kv_int4.cpp", "kv_attention.cpp", "fp8_linear.cpp", "elementwise.cpp",
             "int8_linear.cpp", "block_tiles.cpp", "block_tiles_avx512.cpp",
-            "block_linear.cpp")
+            "block_linear.cpp", "decoder_layer.cpp")
 _FUNCTIONS = ("paged_attention", "write_kv", "paged_attention_quantized", "write_kv_int8", "write_kv_fp8",
               "write_kv_int4", "fp8_linear", "fp8_to_bf16", "add_rms_norm", "silu_mul", "rope_split_qkv",
-              "quantize_rows_int8", "w8a8_linear", "quantize_blocks_q8", "q4_block_linear", "q8_block_linear")
+              "quantize_rows_int8", "w8a8_linear", "quantize_blocks_q8", "q4_block_linear", "q8_block_linear",
+              "decoder_layer_blocks")
 
 
 def _build_fingerprint() -> str:

@@ -68,9 +68,15 @@ class AttentionOps:
 
     @staticmethod
     def _native_quantized_ok(q, k_pool) -> bool:
-        """The shapes the 16-lane C++ kernel is instantiated for (others use the reference)."""
-        d, g = q.shape[-1], q.shape[1] // k_pool.shape[0]
-        return (k_pool.shape[3] == 16 and q.dtype in (torch.float32, torch.bfloat16) and d in (64, 128)
+        return AttentionOps.native_quantized_shape_ok(q.shape[-1], q.shape[1] // k_pool.shape[0], k_pool.shape[3],
+                                                      q.dtype)
+
+    @staticmethod
+    def native_quantized_shape_ok(head_dim: int, group: int, block_size: int, dtype: torch.dtype) -> bool:
+        """The shapes the 16-lane C++ kernel for quantized pools is instantiated for (others use
+        the reference): head dim, query heads per KV head, tokens per block, activation dtype."""
+        d, g = head_dim, group
+        return (block_size == 16 and dtype in (torch.float32, torch.bfloat16) and d in (64, 128)
                 and (g in (1, 2, 3, 4, 8) or (d, g) == (64, 7)) and not (d == 128 and g == 3))  # 7: Qwen2.5 14/2 heads
 
 

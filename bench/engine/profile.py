@@ -19,6 +19,9 @@ each category counts its own time and not that of the parts it calls:
 
 The timers are perf_counter calls around Python calls (a few hundred per step), cheap next to
 a step of milliseconds; torch runs CPU ops synchronously, so a call's time is its ops' time.
+A model with a fused decoder (engines/model/fused_decoder.py) runs its layers one op at a time
+here, so that the parts can be told apart: its served steps skip the per-op dispatch counted
+in glue, norm, rope and attention.
 """
 
 from __future__ import annotations
@@ -103,9 +106,12 @@ def instrumented(engine: LLMEngine, timers: ExclusiveTimers):
         elif hasattr(module, "in_features") and type(module).__name__.endswith("Linear"):
             patch(module, "forward", "gemm")
     patch(llama_module, "rope_split_qkv", "rope")
+    # The parts are timed one op at a time: the model's layers run unfused meanwhile.
+    fused, model.fused_decoder = model.fused_decoder, None
     try:
         yield
     finally:
+        model.fused_decoder = fused
         for obj, name in patched:
             if obj is llama_module:
                 setattr(obj, name, rope_split_qkv)

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from engines.attention import AttentionBackend
+from engines.model.fused_decoder import FusedDecoder
 from engines.model.layers import Linear, RMSNorm, SwiGLU
 from kernels.fused import rope_split_qkv
 from kernels.linear import PackedWeight
@@ -66,6 +67,8 @@ class LlamaForCausalLM(nn.Module):
         # A block-quantized output head (quantization/w4a8.py) that replaces the tied or untied
         # one, when the quantization method brings one.
         self.quantized_head: nn.Module | None = None
+        # Every layer in one C++ call when all linears are block-quantized (fused_decoder.py).
+        self.fused_decoder: FusedDecoder | None = None
 
     def pack_weights(self) -> None:
         """Prepack every GEMM weight once the checkpoint is loaded (see kernels/linear.py)."""
@@ -99,6 +102,9 @@ class LlamaForCausalLM(nn.Module):
         cos, sin = self.rope.tables(positions)
         layers = self.layers
         hidden = layers[0].input_layernorm.add_and_norm(residual, None)
+        fused = self.fused_decoder
+        if fused is not None and fused.takes(attn, input_ids.shape[0]):
+            return fused.run(hidden, residual, cos, sin, attn)
         for i, layer in enumerate(layers):
             next_norm = layers[i + 1].input_layernorm if i + 1 < len(layers) else self.norm
             hidden = layer(hidden, residual, cos, sin, attn, next_norm)

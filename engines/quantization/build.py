@@ -6,6 +6,7 @@ from pathlib import Path
 
 from engines.loaded_model import load_model
 from engines.loaders.gguf_cache import converted_from
+from engines.model.fused_decoder import attach_fused_decoder
 from engines.quantization import quantize_model
 from engines.quantization.artifact import save_artifact
 from engines.quantization.awq import awq_quantize
@@ -67,6 +68,7 @@ def quantize_loaded(loaded, method: str, group_size: int, calibration: Calibrati
                                else install_gguf_w4a8(loaded.model, gguf_path))
     else:
         quantize_model(loaded.model, method, group_size)
+    attach_fused_decoder(loaded.model)
     return settings
 
 

@@ -20,6 +20,8 @@ import time
 import torch
 from torch import nn
 
+from engines.model.fused_decoder import attach_fused_decoder
+from engines.model.llama import LlamaForCausalLM
 from engines.quantization.w4a8 import BlockQ4Linear
 from kernels.linear import PackedWeight
 
@@ -83,4 +85,6 @@ def attach_dense_prefill(model: nn.Module, dtype: torch.dtype, min_rows: int) ->
     linears = block_linears(model)
     for linear in linears:
         linear.attach_dense(dtype, min_rows)
+    if isinstance(model, LlamaForCausalLM):
+        attach_fused_decoder(model)           # it leaves such steps to the dense copies
     return len(linears)

@@ -127,6 +127,10 @@ class BlockQ4Linear(_KernelArgs, nn.Module):
 
     _ARG_NAMES = ("packed", "packed_scales", "packed_mins", "bias")
 
+    def fused_form(self) -> tuple[int, list[torch.Tensor]]:
+        """What kernels/cpu/decoder_layer.cpp takes for this linear: kind 4 and its kernel's tensors."""
+        return 4, [t for t in self._kernel_args() if t is not None]
+
     def attach_dense(self, dtype: torch.dtype, min_rows: int) -> None:
         """Multiply steps of at least `min_rows` rows by a dense `dtype` copy of these weights
         (the same values, dequantized), where that measured faster (dense_prefill.py)."""
@@ -174,6 +178,11 @@ class BlockQ8Linear(_KernelArgs, nn.Module):
         return (p["qweight"].float().view(n, k // BLOCK, BLOCK) * p["scales"][..., None]).view(n, k)
 
     _ARG_NAMES = ("packed", "packed_scales", "bias")
+    dense = None                  # no dense prefill copy for these
+
+    def fused_form(self) -> tuple[int, list[torch.Tensor]]:
+        """What kernels/cpu/decoder_layer.cpp takes for this linear: kind 8 and its kernel's tensors."""
+        return 8, [t for t in self._kernel_args() if t is not None]
 
     def _product(self, x: torch.Tensor, float_output: bool) -> torch.Tensor:
         native = _native(x)

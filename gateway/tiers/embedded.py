@@ -215,6 +215,7 @@ class EmbeddedTier(Tier):
             out["dtype"] = str(self.loaded.dtype).removeprefix("torch.")    # what `auto` chose, too
             if self.loaded.dense_prefill_rows is not None:
                 out["dense_prefill_rows"] = self.loaded.dense_prefill_rows
+            out["fused_decoder"] = self.loaded.model.fused_decoder is not None
         if self.engine is not None:
             if self.engine.threads_in_use is not None:
                 out["threads"] = self.engine.threads_in_use
