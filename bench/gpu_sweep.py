@@ -67,6 +67,24 @@ def decode_rows(torch, device, timed, smoke: bool, copy_gbps: float) -> list[dic
     return rows
 
 
+def _w4_shapes(smoke: bool) -> list[tuple[int, int]]:
+    """(N, K) of Llama-8B's fused qkv, gate_up and down projections."""
+    return [(96, 64)] if smoke else [(6144, 4096), (28672, 4096), (4096, 14336)]
+
+
+def _w4_group(smoke: bool) -> int:
+    return 32 if smoke else 128
+
+
+def _w4_weight(torch, n: int, k: int, group: int, device):
+    """A random INT4 weight (nibbles, scales, zeros) and the generator, seeded, for the inputs."""
+    g = torch.Generator().manual_seed(4)
+    q4 = torch.randint(0, 256, (n, k // 2), generator=g, dtype=torch.uint8).to(device)
+    s4 = (torch.rand(n, k // group, generator=g) * 0.01 + 0.005).to(device)
+    z4 = (torch.randn(n, k // group, generator=g) * 0.01).to(device)
+    return g, (q4, s4, z4)
+
+
 def gemv_rows(torch, device, timed, smoke: bool, copy_gbps: float) -> list[dict]:
     import torch.nn.functional as F
 
@@ -75,15 +93,11 @@ def gemv_rows(torch, device, timed, smoke: bool, copy_gbps: float) -> list[dict]
     from kernels.triton.gemm_common import split_k_plan
     from kernels.triton.gemm_weight_only import w4a16_linear, w4a16_plan
 
-    shapes = [(96, 64)] if smoke else [(6144, 4096), (28672, 4096), (4096, 14336)]
-    group = 32 if smoke else 128
+    group = _w4_group(smoke)
     sms = num_sms(device)
     rows = []
-    for n, k in shapes:
-        g = torch.Generator().manual_seed(4)
-        q4 = torch.randint(0, 256, (n, k // 2), generator=g, dtype=torch.uint8).to(device)
-        s4 = (torch.rand(n, k // group, generator=g) * 0.01 + 0.005).to(device)
-        z4 = (torch.randn(n, k // group, generator=g) * 0.01).to(device)
+    for n, k in _w4_shapes(smoke):
+        g, (q4, s4, z4) = _w4_weight(torch, n, k, group, device)
         x = torch.randn(1, k, generator=g).to(torch.bfloat16).to(device)
         w16 = torch.randn(n, k, generator=g).to(torch.bfloat16).to(device)
         bf16_ms = timed(lambda: F.linear(x, w16))
@@ -114,15 +128,11 @@ def prefill_rows(torch, device, timed, smoke: bool, copy_gbps: float) -> list[di
     from kernels.reference_gemm import w4a16_linear_ref
     from kernels.triton.gemm_weight_only import DEQUANTIZE_MIN_ROWS, dequantize_w4, w4a16_linear, w4a16_plan
 
-    shapes = [(96, 64)] if smoke else [(6144, 4096), (28672, 4096), (4096, 14336)]
     rows_list = (4, 8) if smoke else (16, 32, 64, 128, 256, 512)
-    group = 32 if smoke else 128
+    group = _w4_group(smoke)
     out = []
-    for n, k in shapes:
-        g = torch.Generator().manual_seed(4)
-        q4 = torch.randint(0, 256, (n, k // 2), generator=g, dtype=torch.uint8).to(device)
-        s4 = (torch.rand(n, k // group, generator=g) * 0.01 + 0.005).to(device)
-        z4 = (torch.randn(n, k // group, generator=g) * 0.01).to(device)
+    for n, k in _w4_shapes(smoke):
+        g, (q4, s4, z4) = _w4_weight(torch, n, k, group, device)
         for m in rows_list:
             x = torch.randn(m, k, generator=g).to(torch.bfloat16).to(device)
             want = w4a16_linear_ref(x, q4, s4, z4, group)

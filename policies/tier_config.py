@@ -126,11 +126,6 @@ class UpstreamTierConfig(_TierBase):
     api_key_env: str | None = Field(None, description="environment variable holding the upstream's API key")
     connect_timeout_s: float = Field(5.0, gt=0)
     read_timeout_s: float = Field(120.0, gt=0, description="longest wait for the next byte of the answer")
-    solo_threads: int | None = Field(
-        None, ge=1, le=256, description="engine processes only: CPU threads while no other embedded tier has calls "
-                                        "in flight, back to `threads` as soon as one has. Their OpenMP workers spin "
-                                        "briefly between ops (GOMP_SPINCOUNT) rather than sleep, which pays only on "
-                                        "cores nothing else is using: a batch-1 latency tier on an idle machine")
     max_in_flight: int | None = Field(
         None, gt=0, description="above this many calls open to the tier, routing passes it over for the next "
                                 "tier of the chain; when every tier left is busy, the first busy one takes it")

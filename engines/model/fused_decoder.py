@@ -31,16 +31,15 @@ class FusedDecoder:
         norms = [layer.input_layernorm for layer in layers] + [model.norm]
         self.eps = layers[0].post_attention_layernorm.eps
         self.layers = []
-        self.dense_from = None            # the fewest rows any linear's dense copy takes
+        dense_rows = []
         for i, layer in enumerate(layers):
             linears = (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)
             forms = [linear.fused_form() for linear in linears]
-            for linear in linears:
-                if linear.dense is not None:
-                    self.dense_from = min(self.dense_from or linear.dense_min_rows, linear.dense_min_rows)
+            dense_rows += [linear.dense_min_rows for linear in linears if linear.dense is not None]
             self.layers.append(([tensors for _, tensors in forms], [kind for kind, _ in forms],
                                 [linear.out_features for linear in linears],
                                 layer.post_attention_layernorm.weight, norms[i + 1].weight))
+        self.dense_from = min(dense_rows, default=None)    # the fewest rows any linear's dense copy takes
 
     def takes(self, attn, rows: int) -> bool:
         """Whether this step's attention and size are the ones the fused layer computes."""

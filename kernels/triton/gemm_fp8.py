@@ -2,8 +2,8 @@
 token to e4m3 on the fly (fp32 scale = amax / 448), fp32 accumulation.
 
 On Hopper tl.dot takes the e4m3 operands directly (FP8 tensor cores; the weight [N, K] is
-already K-major), each K step's partial product promoted to fp32; under the interpreter the operands are upcast to fp32, where products
-of e4m3 values are exact.
+already K-major), each K step's partial product promoted to fp32; under the interpreter the
+operands are upcast to fp32, where products of e4m3 values are exact.
 """
 
 from __future__ import annotations
