@@ -236,7 +236,7 @@ void q4_tile(const uint8_t* wq, const float* wd, const float* wm, const Activati
              int64_t g0, int64_t g1, const Output& out) {
   int64_t g = g0;
 #if TIERGATE_BLOCK_AVX512
-  if constexpr (MT == block_tiles::kRowTile)
+  if constexpr (block_tiles::kPairTile<MT>)
     for (; g + 1 < g1; g += 2) block_tiles::q4_pair<MT>(wq, wd, wm, a, K, m0, g, out);
 #endif
   q4_groups<MT>(wq, wd, wm, a, K, m0, g, g1, out);
@@ -244,12 +244,17 @@ void q4_tile(const uint8_t* wq, const float* wd, const float* wm, const Activati
 
 template <int MT>
 void q8_tile(const int8_t* wq, const float* wd, const Activations& a, int64_t K, int64_t m0, int64_t g0,
-             int64_t g1, const Output& out) {
+             int64_t g1, const Output& out, bool streamed) {
   int64_t g = g0;
 #if TIERGATE_BLOCK_AVX512
-  if constexpr (MT == block_tiles::kRowTile)
-    if (a.offset != nullptr)
-      for (; g + 1 < g1; g += 2) block_tiles::q8_pair<MT>(wq, wd, a, K, m0, g, out);
+  if constexpr (block_tiles::kPairTile<MT>) {
+    if (a.sums128 != nullptr) {
+      if (streamed)
+        for (; g + 1 < g1; g += 2) block_tiles::q8_pair<MT, true>(wq, wd, a, K, m0, g, out);
+      else
+        for (; g + 1 < g1; g += 2) block_tiles::q8_pair<MT, false>(wq, wd, a, K, m0, g, out);
+    }
+  }
 #endif
   q8_groups<MT>(wq, wd, a, K, m0, g, g1, out);
 }
@@ -261,6 +266,8 @@ void q8_tile(const int8_t* wq, const float* wd, const Activations& a, int64_t K,
 // Without the chunks, a weight larger than the cache (a 49,152-row output head) would be read
 // from memory once per row tile.
 constexpr int64_t kRowBlock = 64;
+// Weights past this size come from memory at every call (q8_pair's kStreamed).
+constexpr int64_t kStreamedWeightBytes = 4 << 20;
 constexpr int64_t kChunkBytes = 64 * 1024;
 
 template <typename Tile>
@@ -331,18 +338,18 @@ int64_t check_packed(const torch::Tensor& w, at::ScalarType type, int64_t bytes_
 
 // Quantizes x's blocks, then runs tile(MT, activations, m0, g0, g1, out) over M rows and
 // ceil(N/8) column groups; returns the [M, N] output, in x's dtype unless `float_output` (an
-// output head's logits) asks for float32. (q8_pair reads the activations offset by 128:
-// `with_offset`.)
+// output head's logits) asks for float32. (q8_pair reads 128 * each block's sum of the
+// quantized activations: `with_sums`.)
 template <typename Tile>
 torch::Tensor run_block_linear(const torch::Tensor& x, int64_t K, const c10::optional<torch::Tensor>& bias,
-                               int64_t N, bool float_output, int64_t bytes_per_block, bool with_offset, Tile tile) {
+                               int64_t N, bool float_output, int64_t bytes_per_block, bool with_sums, Tile tile) {
   TORCH_CHECK(x.dim() == 2 && x.size(1) == K, "x must be [M, K] with the weight's K");
   auto parts = quantize_activation_blocks(x.stride(1) == 1 ? x : x.contiguous());
   Activations a{parts[0].data_ptr<int8_t>(), parts[1].data_ptr<float>(), parts[2].data_ptr<float>()};
-  torch::Tensor offset;
-  if (with_offset && TIERGATE_BLOCK_AVX512 && x.size(0) >= block_tiles::kRowTile) {
-    offset = torch::bitwise_xor(parts[0], 0x80 - 256).view(at::kByte);   // -128 as int8: x ^ 0x80 = x + 128
-    a.offset = offset.data_ptr<uint8_t>();
+  torch::Tensor sums128;
+  if (with_sums && TIERGATE_BLOCK_AVX512 && (x.size(0) >= block_tiles::kRowTile || x.size(0) == 1)) {
+    sums128 = (parts[0].view({x.size(0), K / kBlock, kBlock}).sum(-1, false, at::kInt) * 128).contiguous();
+    a.sums128 = sums128.data_ptr<int32_t>();
   }
   auto b = float_bias(bias, N);
   const bool bf16 = x.scalar_type() == at::kBFloat16 && !float_output;
@@ -392,8 +399,9 @@ torch::Tensor q8_block_linear(torch::Tensor x, torch::Tensor packed, torch::Tens
   const int8_t* wq = packed.data_ptr<int8_t>();
   const float* wd = scales.data_ptr<float>();
   const int64_t bytes_per_block = 256 + 32;
+  const bool streamed = N * K > kStreamedWeightBytes;
   return run_block_linear(x, K, bias, N, float_output, bytes_per_block, true,
                           [&](auto mt, const Activations& a, int64_t m0, int64_t g0, int64_t g1, const Output& o) {
-                            q8_tile<decltype(mt)::value>(wq, wd, a, K, m0, g0, g1, o);
+                            q8_tile<decltype(mt)::value>(wq, wd, a, K, m0, g0, g1, o, streamed);
                           });
 }

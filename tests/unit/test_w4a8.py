@@ -85,6 +85,19 @@ def test_cpu_kernels_equal_the_reference(rows, cols):
     torch.testing.assert_close(got8, q8_block_linear_ref(x, w8, scales, None), rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize("rows", [1, 8, 16])
+def test_cpu_q8_kernel_over_a_weight_larger_than_the_caches_equals_the_reference(rows):
+    # Past 4 MiB of weights (an output head) the tiles request each next pair of column groups
+    # ahead: the products must not change.
+    native = _native()
+    cols = 8200
+    x = torch.randn(rows, 576, generator=G)
+    w8 = torch.randint(-127, 128, (cols, 576), generator=G, dtype=torch.int8)
+    scales = torch.rand(cols, 18, generator=G) * 0.01
+    got = native.q8_block_linear(x, interleave_q8(w8), interleave_columns(scales), None, cols, True)
+    torch.testing.assert_close(got, q8_block_linear_ref(x, w8, scales, None), rtol=1e-5, atol=1e-4)
+
+
 def test_cpu_kernel_takes_bfloat16_activations():
     native = _native()
     x = torch.randn(4, 576, generator=G).to(torch.bfloat16)
