@@ -22,13 +22,6 @@ inline __m512 load_pair_ps(const float* first, const float* second) {
   return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(first)), _mm256_loadu_ps(second), 1);
 }
 
-// 4 int8 activations repeated in every 32-bit lane.
-inline __m512i broadcast4_512(const int8_t* p) {
-  int32_t v;
-  std::memcpy(&v, p, 4);
-  return _mm512_set1_epi32(v);
-}
-
 // acc += w (unsigned bytes) x the 4 signed bytes at p, repeated in every lane. The 4 bytes are
 // the instruction's own broadcast memory operand ({1to16}): compilers emit a separate
 // vpbroadcastd for _mm512_set1_epi32, an extra vector op per multiply-add.
@@ -80,7 +73,7 @@ void q4_pair(const uint8_t* wq, const float* wd, const float* wm, const Activati
     __m512i isum[U][MT];
     for (int u = 0; u < U; ++u)
       for (int t = 0; t < MT; ++t) isum[u][t] = _mm512_setzero_si512();
-    for (int u = 0; u < U; ++u) {   // the next pair's block (q8_pair's kStreamed)
+    for (int u = 0; u < U; ++u) {   // the next pair's blocks, requested while this pair's are multiplied
       const int64_t b = b0 + u;
       __builtin_prefetch(w0 + 2 * nb * 128 + b * 128, 0, 1);
       __builtin_prefetch(w0 + 2 * nb * 128 + b * 128 + 64, 0, 1);
