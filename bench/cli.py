@@ -38,6 +38,9 @@ def add_bench_parsers(bench_sub) -> None:
                          help="tiergate's weights quantized in-process, as a tier's `quantization` (default: dense)")
     offline.add_argument("--kv-cache-dtype", choices=["int8"],
                          help="the KV cache's storage, as a tier's `kv_cache_dtype` (default: the model's dtype)")
+    offline.add_argument("--dense-prefill", choices=["auto", "off"], default="auto",
+                         help="block-quantized weights: dense copies for prefill-sized steps where measured faster, "
+                              "as a tier's `dense_prefill` (default: auto, a tier's default)")
     offline.add_argument("--report", dest="report_dir", help="also write DIR/report.md with PNG plots")
     offline.set_defaults(run=_reported("offline", _bench_offline))
     prefix = bench_sub.add_parser("prefix", help="time to first token, cold vs warm prefix cache")
@@ -255,7 +258,7 @@ def _bench_offline(args: argparse.Namespace) -> int:
     sizes = [int(x) for x in args.hf_batch_sizes.split(",") if x]
     return run_offline_bench(args.json_out, args.num_requests, args.dtype, sizes, args.max_num_seqs,
                              args.max_num_batched_tokens, args.kv_cache_mib, args.engine_processes, args.threads,
-                             args.quantization, args.kv_cache_dtype)
+                             args.quantization, args.kv_cache_dtype, args.dense_prefill)
 
 
 def _bench_prefix(args: argparse.Namespace) -> int:

@@ -158,7 +158,7 @@ def load_model(
     dense_rows = None
     if target.type == "cpu":
         model.pack_weights()
-        dense_rows = _dense_prefill(model, torch_dtype, dense_prefill)
+        dense_rows = dense_prefill_rows(model, torch_dtype, dense_prefill)
         attach_fused_decoder(model)
     else:
         move_model(model, target)
@@ -168,7 +168,9 @@ def load_model(
                        dense_rows)
 
 
-def _dense_prefill(model: LlamaForCausalLM, dtype: torch.dtype, setting: int | str | None) -> int | None:
+def dense_prefill_rows(model: LlamaForCausalLM, dtype: torch.dtype, setting: int | str | None) -> int | None:
+    """Attach dense copies to a CPU model's block-quantized linears for steps of at least
+    `setting` rows ("auto": measured here); returns the row count in use, None when there are none."""
     if setting is None or not block_linears(model):
         return None
     rows = setting

@@ -1,6 +1,8 @@
 """Build (once, cached on disk) and load the C++ CPU kernels in kernels/cpu/.
 
 Compiling needs a C++ compiler; without one the callers fall back to torch reference ops.
+TIERGATE_CPU_ARCH (a GCC -march value, default "native") builds for another CPU's instruction
+set, e.g. "haswell" to run and time the AVX2 paths on a CPU with AVX-512.
 """
 
 from __future__ import annotations
@@ -29,16 +31,22 @@ _FUNCTIONS = ("paged_attention", "write_kv", "paged_attention_quantized", "write
               "decoder_layer_blocks")
 
 
+def _target_arch() -> str:
+    return os.environ.get("TIERGATE_CPU_ARCH", "").strip() or "native"
+
+
 def _build_fingerprint() -> str:
-    """One build per (CPU, Python environment): the build uses -march=native, and torch's
-    build check treats another environment's include paths as a change and rebuilds."""
+    """One build per (CPU, target instruction set, Python environment): -march=native builds for
+    this CPU, and torch's build check treats another environment's include paths as a change and
+    rebuilds."""
     import torch
 
     try:
         flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
     except (OSError, StopIteration):
         flags = platform.processor() or platform.machine()
-    ident = f"{flags}|{sys.prefix}|{torch.__version__}"
+    arch = _target_arch()
+    ident = f"{flags}|{sys.prefix}|{torch.__version__}" + ("" if arch == "native" else f"|{arch}")
     return hashlib.sha256(ident.encode()).hexdigest()[:10]
 
 
@@ -80,7 +88,7 @@ def load_cpu_kernels() -> ModuleType | None:
                 name="tiergate_cpu_kernels",
                 cpp_sources=[source],
                 functions=list(_FUNCTIONS),
-                extra_cflags=["-O3", "-march=native", "-fopenmp", "-ffast-math"],
+                extra_cflags=["-O3", f"-march={_target_arch()}", "-fopenmp", "-ffast-math"],
                 extra_ldflags=["-fopenmp"],
                 build_directory=str(build_dir),
                 verbose=False,

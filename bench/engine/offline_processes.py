@@ -18,19 +18,25 @@ from engines.sampling_params import SamplingParams
 from bench.datasets.sharegpt import BenchRequest
 
 
-def build_bench_engine(source: str, dtype: str, config: EngineConfig, quantization: str | None = None) -> LLMEngine:
+def build_bench_engine(source: str, dtype: str, config: EngineConfig, quantization: str | None = None,
+                       dense_prefill: str = "auto") -> LLMEngine:
     """A worker's engine (module level: the worker process unpickles it by name)."""
     loaded = load_model(source, dtype)
     if quantization:
-        quantize_in_process(loaded, quantization)
+        quantize_in_process(loaded, quantization, dense_prefill)
     return LLMEngine(loaded, config)
 
 
-def quantize_in_process(loaded: LoadedModel, method: str) -> None:
+def quantize_in_process(loaded: LoadedModel, method: str, dense_prefill: str = "auto") -> None:
+    """Quantize as a tier's artifact does, then give block-quantized weights the dense prefill copies
+    a tier with that `dense_prefill` setting would get ("auto" or "off")."""
+    from engines.loaded_model import dense_prefill_rows
     from engines.quantization.build import quantize_loaded
     from engines.quantization.methods import effective_group_size
 
     quantize_loaded(loaded, method, effective_group_size(method, 64))
+    if dense_prefill == "auto" and loaded.device.type == "cpu":
+        loaded.dense_prefill_rows = dense_prefill_rows(loaded.model, loaded.dtype, "auto")
 
 
 async def _run(engine: ProcessEngine, requests: list[BenchRequest], warmup_ids: list[int]) -> dict:
@@ -65,8 +71,9 @@ async def _run(engine: ProcessEngine, requests: list[BenchRequest], warmup_ids: 
 
 
 def run_in_engine_processes(loaded: LoadedModel, requests: list[BenchRequest], dtype: str, config: EngineConfig,
-                            processes: int, threads: int | None, quantization: str | None = None) -> dict:
-    build = functools.partial(build_bench_engine, str(loaded.path), dtype, config, quantization)
+                            processes: int, threads: int | None, quantization: str | None = None,
+                            dense_prefill: str = "auto") -> dict:
+    build = functools.partial(build_bench_engine, str(loaded.path), dtype, config, quantization, dense_prefill)
     engine = ProcessEngine(build, GrammarCompiler(loaded.tokenizer, loaded.config.vocab_size),
                            tokenizer=loaded.tokenizer, workers=processes, threads=threads)
     try:
