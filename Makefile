@@ -2,7 +2,9 @@
 # Each creates the virtual environment in .venv the first time.
 # `make test` runs the fast tests (-m "not slow"); `make test-slow` the long real-model and
 # multi-process ones (-m slow). CI runs both. Both selections must stay non-empty: pytest exits
-# 5 when a marker selects no test, which fails the target.
+# 5 when a marker selects no test, which fails the target. `make test-avx2` builds the C++
+# kernels for AVX2 alone (TIERGATE_CPU_ARCH=haswell) and runs their tests and the real-model
+# w4a8 ones, so that a CPU with AVX-512 also checks the paths an AVX2-only CPU takes; CI runs it.
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -11,7 +13,7 @@ PIP := $(PY) -m pip --disable-pip-version-check -q
 BASE_STAMP := $(VENV)/.base-installed
 TEST_STAMP := $(VENV)/.test-installed
 
-.PHONY: install install-test serve test test-slow bench-decode clean-cache
+.PHONY: install install-test serve test test-slow test-avx2 bench-decode clean-cache
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +41,13 @@ test: install-test
 
 test-slow: install-test
 	$(PY) -m pytest -q -m slow
+
+AVX2_TESTS := tests/unit/test_kernels.py tests/unit/test_kernels_kv.py tests/unit/test_w4a8.py \
+	tests/unit/test_fused_decoder.py tests/unit/test_dense_prefill.py tests/integration/test_smollm2_w4a8_gguf.py
+
+test-avx2: install-test
+	TIERGATE_CPU_ARCH=haswell $(PY) -c "from kernels.cpu_extension import load_cpu_kernels as k; assert k(), 'no AVX2 build'"
+	TIERGATE_CPU_ARCH=haswell $(PY) -m pytest -q $(AVX2_TESTS)
 
 bench-decode: install-test
 	$(VENV)/bin/tiergate bench decode --json docs/bench/decode.json
