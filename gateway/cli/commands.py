@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 
 from engines.loaded_model import load_model
@@ -30,14 +31,19 @@ def generate(args: argparse.Namespace) -> int:
     tier = cfg.tiers[tier_name]
     if tier.kind != "embedded":
         raise UsageError(f"tier {tier_name!r} is an upstream tier; generate runs embedded tiers only")
-    source = args.model or tier.model
-    dtype = args.dtype or tier.dtype
-    if dtype == "auto":
-        import logging
+    if args.model is None:
+        # The tier's own weights, as `serve` loads them (its quantization, dense prefill, dtype).
+        from gateway.tiers.embedded_load import load_tier_model
 
-        from gateway.tiers.embedded_load import measured_dtype
-        dtype = measured_dtype(tier_name, tier, source, logging.INFO)
-    loaded = load_model(source, dtype, device=tier.device)
+        settings = tier if args.dtype is None else tier.model_copy(update={"dtype": args.dtype})
+        loaded, _ = load_tier_model(tier_name, settings, log_level=logging.INFO)
+    else:
+        # A model named on the command line runs as given: the tier's quantization is not applied.
+        dtype = args.dtype or tier.dtype
+        if dtype == "auto":
+            from gateway.tiers.embedded_load import measured_dtype
+            dtype = measured_dtype(tier_name, tier.model_copy(update={"quantization": None}), args.model, logging.INFO)
+        loaded = load_model(args.model, dtype, device=tier.device)
     prompt_ids = loaded.tokenizer.encode(loaded.chat_template.render([{"role": "user", "content": args.prompt}]))
     sampling = SimpleSampling(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
     eos = loaded.tokenizer.eos_token_ids

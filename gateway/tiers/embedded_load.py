@@ -68,12 +68,13 @@ def engine_config(cfg: EmbeddedTierConfig, kv_cache_dtype: str | None,
     return EngineConfig(**values, kv_cache_dtype=kv_cache_dtype, speculative=speculative)
 
 
-def load_tier_model(name: str, cfg: EmbeddedTierConfig,
-                    calibration: CalibrationSource | None = None) -> tuple[LoadedModel, list[str]]:
-    """The tier's weights as its settings ask (quantized artifact built or found, dtype measured)."""
+def load_tier_model(name: str, cfg: EmbeddedTierConfig, calibration: CalibrationSource | None = None,
+                    log_level: int = logging.WARNING) -> tuple[LoadedModel, list[str]]:
+    """The tier's weights as its settings ask (quantized artifact built or found, dtype measured;
+    the dtype's line logged at `log_level`)."""
     notes: list[str] = []
     source = _weights_source(name, cfg, calibration, notes)
-    dtype = measured_dtype(name, cfg, source) if cfg.dtype == "auto" else cfg.dtype
+    dtype = measured_dtype(name, cfg, source, log_level) if cfg.dtype == "auto" else cfg.dtype
     dense = "auto" if cfg.dense_prefill == "auto" else None
     return load_model(source, dtype, device=cfg.device, dense_prefill=dense), notes
 
