@@ -25,17 +25,23 @@ def _greedy_text(loaded, max_tokens: int) -> str:
     return loaded.tokenizer.decode(out)
 
 
-def test_generate_runs_the_tiers_quantized_weights(capsys, monkeypatch):
-    quantized = load_model("default", "float32")
-    quantize_loaded(quantized, "w4a8-gguf", 32)
-    expected = _greedy_text(quantized, 12)
-    models = []
+@pytest.fixture
+def models(monkeypatch) -> list:
+    """The models the CLI's generate runs, as it passes them to generate_tokens."""
+    seen = []
 
     def recording(model, *args, **kwargs):
-        models.append(model)
+        seen.append(model)
         return generate_tokens(model, *args, **kwargs)
 
     monkeypatch.setattr(commands, "generate_tokens", recording)
+    return seen
+
+
+def test_generate_runs_the_tiers_quantized_weights(capsys, models):
+    quantized = load_model("default", "float32")
+    quantize_loaded(quantized, "w4a8-gguf", 32)
+    expected = _greedy_text(quantized, 12)
     assert main(["generate", "--config", "config/default.yaml", "--tier", "small", "--dtype", "float32",
                  "--max-tokens", "12", PROMPT]) == 0
     (model,) = models
@@ -45,14 +51,7 @@ def test_generate_runs_the_tiers_quantized_weights(capsys, monkeypatch):
     assert printed == expected.strip() and "Rome" in printed
 
 
-def test_a_model_named_on_the_command_line_runs_as_given(capsys, monkeypatch):
-    models = []
-
-    def recording(model, *args, **kwargs):
-        models.append(model)
-        return generate_tokens(model, *args, **kwargs)
-
-    monkeypatch.setattr(commands, "generate_tokens", recording)
+def test_a_model_named_on_the_command_line_runs_as_given(capsys, models):
     assert main(["generate", "--config", "config/default.yaml", "--tier", "small", "--model", "default",
                  "--dtype", "float32", "--max-tokens", "12", PROMPT]) == 0
     (model,) = models
