@@ -189,3 +189,43 @@ def test_compare_header_goes_to_the_compare_server_only(scripted_server, tmp_pat
                  "--max-tokens", "3", "--compare-header", "x-tiergate-profile: latency"]) == 0
     level = json.loads(out.read_text())["levels"][0]
     assert level["server"]["served_by"] == {"small": 2} and level["compare"]["served_by"] == {"fast": 2}
+
+
+def test_a_connection_dropped_before_any_answer_is_sent_again_once():
+    """llama.cpp's server may close a kept-alive connection instead of answering: that request
+    never reached it, so the client sends it once more; a second drop is a failure."""
+    answer = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n"
+              b'data: {"choices": [{"index": 0, "delta": {"content": "hi"}}]}\n\n'
+              b'data: {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 1}}\n\n'
+              b"data: [DONE]\n\n")
+
+    async def scenario(drops: int) -> tuple[dict, int]:
+        connections = 0
+
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            nonlocal connections
+            connections += 1
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                          if line.lower().startswith(b"content-length"))
+            await reader.readexactly(length)
+            if connections <= drops:
+                writer.close()             # no status line: the request is dropped unanswered
+                return
+            writer.write(answer)
+            await writer.drain()
+            writer.close()
+
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        async with server:
+            report = await run_load(f"http://127.0.0.1:{port}/v1", "m", [ServeRequest("r0", "q", 1)],
+                                    request_rate=float("inf"), concurrency=1, api_key=None, seed=0,
+                                    ignore_eos=False, progress=False)
+        return report, connections
+
+    once, tried = asyncio.run(scenario(drops=1))
+    assert (once["completed"], once["failed"], once["output_tokens"], tried) == (1, 0, 1, 2)
+    twice, tried = asyncio.run(scenario(drops=2))
+    assert (twice["completed"], twice["failed"], tried) == (0, 1, 2)
+    assert twice["errors"][0].startswith("ServerDisconnectedError")
