@@ -101,6 +101,15 @@ inline __m256i finish_u8s8(__m256i acc) {
 }
 #endif
 
+// Whether the AVX2 tiles request the next column groups' blocks ahead of use. One or two rows
+// wait on memory, and the requests pay; with more rows the multiply-adds hide the loads and the
+// requests only cost issue slots (AVX2 build on an AMD EPYC Zen 4, SmolLM2's 30 layers of 4-bit
+// linears: one row ~15 % faster, four rows ~12 % and 32 rows ~8 % slower with them). AVX-512
+// builds reach these tiles only for row counts their pair tiles leave: not measured, left as
+// they were.
+template <int MT>
+constexpr bool kReadAhead = MT <= 2 && !TIERGATE_BLOCK_AVX512;
+
 // 4-bit weights interleaved by column groups of 8 (see w4a8.py, interleave_q4): for group g and
 // block b, 128 bytes as 4 vectors of 32; vector j holds, for columns c = 0..7 and kk = 0..3 at
 // byte 4c + kk, weight k = 4j + kk of the block in the low nibble and k = 16 + 4j + kk in the
@@ -110,8 +119,8 @@ inline __m256i finish_u8s8(__m256i acc) {
 // are one vector load each.
 //
 // NG groups at once (groups g .. g + NG): each row's broadcast activations serve all of them,
-// and with one or two rows the groups' chains keep more multiply-adds in flight; with one or
-// two rows the next NG groups' blocks are also requested while these are multiplied (the
+// and with one or two rows the groups' chains keep more multiply-adds in flight; where
+// kReadAhead holds, the next NG groups' blocks are requested while these are multiplied (the
 // AVX-512 tiles' read-ahead).
 //
 // out[m, 8g .. 8g + 8 NG) for m in [m0, m0 + MT).
@@ -119,12 +128,6 @@ template <int MT, int NG>
 void q4_groups(const uint8_t* wq, const float* wd, const float* wm, const Activations& a, int64_t K, int64_t m0,
                int64_t g, const Output& out) {
   const int64_t nb = K / kBlock;
-  // One or two rows wait on memory, and the requests pay; with more rows the multiply-adds
-  // hide the loads and the requests only cost issue slots (AVX2 build on an AMD EPYC Zen 4,
-  // SmolLM2's 30 layers of 4-bit linears: one row ~15 % faster, four rows ~12 % and 32 rows
-  // ~8 % slower with them).
-  // (AVX-512 builds reach this tile only for row counts their pair tiles leave, not measured.)
-  constexpr bool kReadAhead = MT <= 2 && !TIERGATE_BLOCK_AVX512;
   const uint8_t* wg = wq + g * nb * 128;
   const float* dg = wd + g * nb * 8;
   const float* mg = wm + g * nb * 8;
@@ -135,7 +138,7 @@ void q4_groups(const uint8_t* wq, const float* wd, const float* wm, const Activa
   for (int n = 0; n < NG; ++n)
     for (int t = 0; t < MT; ++t) acc[n][t] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
-    for (int n = 0; n < (kReadAhead ? NG : 0); ++n) {
+    for (int n = 0; n < (kReadAhead<MT> ? NG : 0); ++n) {
       const int64_t ahead = (NG + n) * nb + b;      // this block of the group NG further on
       __builtin_prefetch(wg + ahead * 128, 0, 1);
       __builtin_prefetch(wg + ahead * 128 + 64, 0, 1);
@@ -206,8 +209,8 @@ void q4_groups(const uint8_t* wq, const float* wd, const float* wm, const Activa
 // (llama.cpp's trick); the int16 pairs of two such products can reach 2 * 127 * 127, so each is
 // widened to int32 at once on plain AVX2.
 //
-// kStreamed: the weight is larger than the caches (q8_pair's), so the next group's block is
-// requested while this one is multiplied.
+// kStreamed: the weight is larger than the caches (q8_pair's), so where kReadAhead holds the
+// next group's block is requested while this one is multiplied.
 //
 // out[m, 8g .. 8g + 8) for m in [m0, m0 + MT) and g in [g0, g1).
 template <int MT, bool kStreamed>
@@ -223,7 +226,7 @@ void q8_groups(const int8_t* wq, const float* wd, const Activations& a, int64_t 
     for (int t = 0; t < MT; ++t) acc[t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
       const int8_t* wb = wg + b * 256;
-      if (kStreamed && MT <= 2 && !TIERGATE_BLOCK_AVX512)      // as q4_groups' read-ahead
+      if (kStreamed && kReadAhead<MT>)
         for (int line = 0; line < 4; ++line) __builtin_prefetch(wb + nb * 256 + 64 * line, 0, 1);
       __m256i isum[MT];
       for (int t = 0; t < MT; ++t) isum[t] = _mm256_setzero_si256();
