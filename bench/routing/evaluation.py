@@ -14,6 +14,7 @@ from bench.routing.routers import (RoutingTable, evaluate, interpolate, large_on
                                    random_sampled_curve, score_curve, share_key, small_only, threshold_sweep)
 from bench.routing.scoring import ExchangeScore
 from bench.routing.signals import ProbeRecord, candidate_signals, judge_signal, probe_confidence
+from bench.routing.uncertainty import ratio_interval
 from policies.cascade import CascadeSignal
 
 RANDOM_GRID = tuple(i / 20 for i in range(21))
@@ -58,6 +59,9 @@ class RoutingEvaluation:
     signals: dict               # candidate signal -> figures (JSON-ready)
     share: float
     router_vs_random: float | None   # tiergate's gap recovered at `share` / random's (= share)
+    # its bootstrap interval over the prompts (bench.routing.uncertainty), for a router that
+    # ranks prompts by one score (the learned gain model); None for the rules and cascade
+    router_vs_random_interval: dict | None = None
 
 
 def evaluate_routers(rows: list[PromptMeasurement], small_cost: TierCost, large_cost: TierCost, probe_tokens: int,
@@ -131,4 +135,5 @@ def evaluate_routers(rows: list[PromptMeasurement], small_cost: TierCost, large_
     router_gap = routers["tiergate"][share_key(share)]["gap_recovered"]
     random_gap = routers["random"][share_key(share)]["gap_recovered"]
     ratio = router_gap / random_gap if router_gap is not None and random_gap else None
-    return RoutingEvaluation(table, routers, signals, share, ratio)
+    interval = ratio_interval(table, predicted, share, seed=seed) if learned and ratio is not None else None
+    return RoutingEvaluation(table, routers, signals, share, ratio, interval)

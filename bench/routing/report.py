@@ -84,9 +84,13 @@ def write_routing_report(report: dict, directory: str | Path) -> Path:
     md.paragraph(f"{workload['prompts']} prompts: {workload['source']}. Small tier `{small['source']}`, large tier "
                  f"`{large['source']}`, {small['dtype']}, on {machine['cpu']} ({machine['threads']} threads). "
                  f"Quality: {workload['quality']}. Cost: {workload['cost']}.")
-    ratio_key = next(k for k in report if k.startswith("router_vs_random_"))
+    ratio_key = next(k for k in report if k.startswith("router_vs_random_") and not k.endswith("_bootstrap"))
+    interval = report.get(f"{ratio_key}_bootstrap")
     md.table(["headline", "value"], [
         [f"{ratio_key} (bar: >= 2)", report[ratio_key]],
+        *([[f"{ratio_key}: 95 % bootstrap interval over the prompts ({interval['resamples']} resamples)",
+            f"{interval['ci95'][0]:.2f} - {interval['ci95'][1]:.2f} ({interval['fraction_at_least_2']:.0%} of "
+            "resamples >= 2)"]] if interval else []),
         ["cascade_ttft_overhead", report["cascade_ttft_overhead"]],
         ["escalated TTFT vs large alone", latency["escalated_vs_large_ttft"]],
         ["mean bpb small / large", f"{small['mean_bpb']:.4f} / {large['mean_bpb']:.4f}"],

@@ -184,6 +184,7 @@ def build_report(options: RoutingOptions, prompts: list[RoutingPrompt], rows: li
     return {
         "benchmark": "routing",
         key: result.router_vs_random,
+        f"{key}_bootstrap": result.router_vs_random_interval,
         "cascade_ttft_overhead": latency["cascade_ttft_overhead"],
         "machine": machine_info(),
         "workload": {
@@ -232,6 +233,12 @@ def _prompt_row(row: PromptMeasurement) -> dict:
 def _summary(report: dict) -> Table:
     routers = report["routers"]
     table = Table(title=f"routing: {report['workload']['prompts']} prompts")
+    ratio_key = next(k for k in report if k.startswith("router_vs_random_"))
+    interval = report.get(f"{ratio_key}_bootstrap")
+    if report[ratio_key] is not None:
+        table.caption = f"{ratio_key} = {report[ratio_key]:.2f}" + (
+            f" (95 % bootstrap over the prompts: {interval['ci95'][0]:.2f} - {interval['ci95'][1]:.2f})"
+            if interval else "")
     for col in ("router", "share to large", "mean bpb", "gap recovered", "CPU-ms / request"):
         table.add_column(col)
 

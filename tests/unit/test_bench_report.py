@@ -4,7 +4,7 @@ that exist beside it, for the generic writer and for the routing benchmark's rep
 from __future__ import annotations
 
 import re
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import pytest
 
@@ -45,8 +45,11 @@ def test_markdown_report_writes_tables_and_figures_it_references(tmp_path):
     assert format_cell(1234567.0) == "1.23e+06"
 
 
-def test_routing_report_references_pngs_that_exist(tmp_path):
+@pytest.mark.parametrize("learned", [False, True])
+def test_routing_report_references_pngs_that_exist(tmp_path, learned):
     rows = _measurements()
+    if learned:   # the learned router's predictions: the report adds the ratio's bootstrap interval
+        rows = [replace(r, predicted_gain=0.1 * (8 - i)) for i, r in enumerate(rows)]
     prompts = [RoutingPrompt(r.prompt_id, r.record_index, "q", "a", False) for r in rows]
     small_cost, large_cost = TierCost(2, 100.0, 10.0), TierCost(2, 50.0, 5.0)
     result = evaluate_routers(rows, small_cost, large_cost, probe_tokens=8, signal="mean_logprob")
@@ -58,7 +61,9 @@ def test_routing_report_references_pngs_that_exist(tmp_path):
     report = build_report(RoutingOptions(num_prompts=len(rows)), prompts, rows, result,
                           cascade_latency(timings, timings, 8), speed, speed, 2)
     assert report["router_vs_random_at_30"] is not None
+    assert (report["router_vs_random_at_30_bootstrap"] is not None) == learned
     path = write_routing_report(report, tmp_path / "routing")
+    assert ("bootstrap interval" in path.read_text()) == learned
     images = _images(path.read_text())
     assert images == ["frontier.png", "signals.png"]
     for name in images:
