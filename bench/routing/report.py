@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 
 from bench.report import MarkdownReport, new_figure
+from bench.routing.routers import BOOTSTRAP_SUFFIX, find_ratio_key
 
 
 def _xy(points: list[dict], x: str) -> tuple[list[float], list[float]]:
@@ -84,8 +85,8 @@ def write_routing_report(report: dict, directory: str | Path) -> Path:
     md.paragraph(f"{workload['prompts']} prompts: {workload['source']}. Small tier `{small['source']}`, large tier "
                  f"`{large['source']}`, {small['dtype']}, on {machine['cpu']} ({machine['threads']} threads). "
                  f"Quality: {workload['quality']}. Cost: {workload['cost']}.")
-    ratio_key = next(k for k in report if k.startswith("router_vs_random_") and not k.endswith("_bootstrap"))
-    interval = report.get(f"{ratio_key}_bootstrap")
+    ratio_key = find_ratio_key(report)
+    interval = report.get(ratio_key + BOOTSTRAP_SUFFIX)
     md.table(["headline", "value"], [
         [f"{ratio_key} (bar: >= 2)", report[ratio_key]],
         *([[f"{ratio_key}: 95 % bootstrap interval over the prompts ({interval['resamples']} resamples)",

@@ -57,6 +57,20 @@ def share_key(share: float) -> str:
     return f"at_{round(share * 100)}"
 
 
+BOOTSTRAP_SUFFIX = "_bootstrap"
+
+
+def ratio_key(share: float) -> str:
+    """The benchmark JSON's headline key at a share: 0.3 -> "router_vs_random_at_30"; the
+    ratio's bootstrap interval sits under the same key + BOOTSTRAP_SUFFIX."""
+    return f"router_vs_random_{share_key(share)}"
+
+
+def find_ratio_key(report: dict) -> str:
+    """The headline key of a benchmark JSON, whatever share it was run at."""
+    return next(k for k in report if k.startswith("router_vs_random_") and not k.endswith(BOOTSTRAP_SUFFIX))
+
+
 def gap_recovered(small_bpb: float, large_bpb: float, router_bpb: float) -> float | None:
     """(small - router) / (small - large) of the mean bits per byte: 0 = small-only, 1 = large-only."""
     gap = small_bpb - large_bpb

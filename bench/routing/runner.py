@@ -24,6 +24,7 @@ from bench.routing.cost import TierCost
 from bench.routing.evaluation import PromptMeasurement, RoutingEvaluation, evaluate_routers
 from bench.routing.latency import cascade_latency
 from bench.routing.probes import Probe, probe_first_tokens
+from bench.routing.routers import BOOTSTRAP_SUFFIX, find_ratio_key, ratio_key
 from bench.routing.scoring import ExchangeScore, encode_exchange, score_question
 from bench.routing.signals import CANDIDATE_KS
 from bench.routing.speed import BatchSpeed, RequestTiming, SingleStreamTimer, best_round, measure_batch
@@ -180,11 +181,11 @@ def build_report(options: RoutingOptions, prompts: list[RoutingPrompt], rows: li
                  result: RoutingEvaluation, latency: dict, small_speed: dict, large_speed: dict, cores: int) -> dict:
     """The benchmark's JSON: headline figures first, then machine, workload, tiers, routers."""
     start, end = slice_bounds(options.slice_name)
-    key = f"router_vs_random_at_{round(options.share * 100)}"
+    key = ratio_key(options.share)
     return {
         "benchmark": "routing",
         key: result.router_vs_random,
-        f"{key}_bootstrap": result.router_vs_random_interval,
+        key + BOOTSTRAP_SUFFIX: result.router_vs_random_interval,
         "cascade_ttft_overhead": latency["cascade_ttft_overhead"],
         "machine": machine_info(),
         "workload": {
@@ -233,10 +234,10 @@ def _prompt_row(row: PromptMeasurement) -> dict:
 def _summary(report: dict) -> Table:
     routers = report["routers"]
     table = Table(title=f"routing: {report['workload']['prompts']} prompts")
-    ratio_key = next(k for k in report if k.startswith("router_vs_random_"))
-    interval = report.get(f"{ratio_key}_bootstrap")
-    if report[ratio_key] is not None:
-        table.caption = f"{ratio_key} = {report[ratio_key]:.2f}" + (
+    headline = find_ratio_key(report)
+    interval = report.get(headline + BOOTSTRAP_SUFFIX)
+    if report[headline] is not None:
+        table.caption = f"{headline} = {report[headline]:.2f}" + (
             f" (95 % bootstrap over the prompts: {interval['ci95'][0]:.2f} - {interval['ci95'][1]:.2f})"
             if interval else "")
     for col in ("router", "share to large", "mean bpb", "gap recovered", "CPU-ms / request"):

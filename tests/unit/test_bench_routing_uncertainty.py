@@ -10,7 +10,7 @@ import pytest
 
 from bench.routing.cost import TierCost
 from bench.routing.evaluation import evaluate_routers
-from bench.routing.routers import RoutingTable, interpolate, score_curve
+from bench.routing.routers import BOOTSTRAP_SUFFIX, RoutingTable, find_ratio_key, interpolate, ratio_key, score_curve
 from bench.routing.uncertainty import bootstrap_gap, ratio_interval
 from tests.unit.test_bench_routing import _measurements
 
@@ -71,3 +71,9 @@ def test_evaluate_routers_reports_the_interval_for_the_learned_router_only():
     # the scores order the prompts as their gains do: no resample does worse than random or
     # better than recovering the whole gap at half the calls
     assert interval is not None and 1.0 - 1e-9 <= interval["ci95"][0] <= interval["ci95"][1] <= 2.0 + 1e-9
+
+
+def test_the_headline_key_is_found_beside_its_bootstrap_whatever_the_share():
+    assert ratio_key(0.3) == "router_vs_random_at_30"
+    report = {"benchmark": "routing", ratio_key(0.25) + BOOTSTRAP_SUFFIX: None, ratio_key(0.25): 2.1}
+    assert find_ratio_key(report) == "router_vs_random_at_25"
