@@ -39,6 +39,7 @@ class ChainWalk:
         self.overloaded: TierOverloaded | None = None
         self.failure: TierFailure | None = None  # the last tier that failed
         self.busy: list[Tier] = []             # passed over at their max_in_flight, in chain order
+        self.coming_up: list[str] = []         # passed over while loading or restarting
         self.required = required_capabilities(self.ctx.needs)
         self.capable = False                   # some tier of the chain has every capability needed
 
@@ -105,6 +106,8 @@ class ChainWalk:
             why = rt.unusable_reason(name)
             if why is not None:
                 fallbacks.append(Skip(name, SkipReason.NOT_READY, why))
+                if rt.tiers[name].coming_up:
+                    self.coming_up.append(name)
                 continue
             tier = rt.tiers[name]
             if tier.busy:
@@ -116,7 +119,7 @@ class ChainWalk:
             return self.busy.pop(0)
         if self.required and not self.capable:
             raise self._incapable()
-        error = self.request.nothing_left(self.chain, self.overloaded or self.unfit)
+        error = self.request.nothing_left(self.chain, self.overloaded or self.unfit, tuple(self.coming_up))
         own = self.failure.error if self.failure is not None else None
         if own is not None and error.code == "no_tier_available":
             error = own                         # the failed tier's own answer says more (e.g. a 500)

@@ -48,6 +48,9 @@ from policies.budgets.types import SCOPE_PREFIX
 from policies.retry_budget import Deadline
 
 SESSION_HEADER = "x-session-id"
+# What a client turned away by tiers still loading or restarting is told to wait: a model loads
+# in seconds, and a shorter wait only brings the same answer back.
+COMING_UP_RETRY_S = 2.0
 
 
 def api_key_label(key_name: str | None, authorization: str | None) -> str | None:
@@ -178,8 +181,10 @@ class RequestLimits:
             self.limits.in_flight -= 1
 
     # ---- errors ---------------------------------------------------------------------
-    def nothing_left(self, chain: tuple[str, ...], unfit: TierUnfit | None) -> GatewayError:
-        """The error when no tier of the chain answered."""
+    def nothing_left(self, chain: tuple[str, ...], unfit: TierUnfit | None,
+                     coming_up: tuple[str, ...] = ()) -> GatewayError:
+        """The error when no tier of the chain answered (`coming_up`: the tiers passed over
+        while loading or restarting, which will serve without an operator's help)."""
         if unfit is not None:
             return unfit.error
         if self.retry_denied:
@@ -194,6 +199,10 @@ class RequestLimits:
             return GatewayError(503, f"no tier could serve the request{tried}: circuit breakers open for "
                                      f"{', '.join(r.name for r in self.rejections)}",
                                 type_="server_error", code="no_tier_available", headers=retry_after_headers(retry))
+        if coming_up:
+            return GatewayError(503, f"no tier could serve the request{tried}: {', '.join(coming_up)} still "
+                                     f"starting; retry shortly", type_="server_error", code="no_tier_available",
+                                headers=retry_after_headers(COMING_UP_RETRY_S))
         return GatewayError(503, f"no tier could serve the request{tried}", type_="server_error",
                             code="no_tier_available")
 

@@ -149,6 +149,7 @@ models:
   smol: {{chain: [smol]}}
   multi: {{chain: [smol]}}
   routed: {{chain: [broken, smol]}}
+  broken-only: {{chain: [broken]}}
   esc: {{chain: [tiny-a], cascade: {{to: smol, threshold: -0.5}}}}
   no-esc: {{chain: [tiny-a], cascade: {{to: smol, threshold: -1000}}}}
 classification:

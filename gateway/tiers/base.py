@@ -127,6 +127,12 @@ class Tier:
         limit = getattr(self.config, "max_in_flight", None)
         return limit is not None and self.in_flight >= limit
 
+    @property
+    def coming_up(self) -> bool:
+        """Unusable for now but on its way to serving without an operator (loading): a client
+        turned away is told to retry, where one turned away by a failed load is not."""
+        return self.state == "loading"
+
     def unusable_reason(self) -> str | None:
         if self.state == "ready":
             return None

@@ -183,6 +183,13 @@ class EmbeddedTier(Tier):
     def _give_up(self, reason: str) -> None:
         self.state, self.error = "failed", reason
 
+    @property
+    def coming_up(self) -> bool:
+        """Loading, or its engine stopped and the restarter is bringing it back."""
+        if self.state == "ready":
+            return self.engine is None or self.engine.dead
+        return self.state in ("loading", "restarting")
+
     def unusable_reason(self) -> str | None:
         if self.state == "ready" and (self.engine is None or self.engine.dead):
             return "engine stopped after repeated step failures; restarting"

@@ -280,7 +280,10 @@ def test_a_dead_engine_is_not_ready_until_its_tier_restarts_it(gw, reference_tex
         resp = httpx.get(gw.base + "/readyz", timeout=10)
         assert resp.status_code == 503 and list(resp.json()["not_ready"]) == ["tiny-c"]
         assert resp.json()["tiers"]["tiny-c"]["state"] == "restarting"
-        _assert_openai_error(_complete(gw, "solo", prompt), 503, "no_tier_available")   # skipped: not ready
+        restarting = _complete(gw, "solo", prompt)      # skipped: not ready, but on its way back
+        _assert_openai_error(restarting, 503, "no_tier_available")
+        assert restarting.headers["retry-after"] == "2" and restarting.headers["retry-after-ms"] == "2000"
+        assert "tiny-c still starting" in restarting.json()["error"]["message"]
     finally:
         fault.remove()
         released.set()

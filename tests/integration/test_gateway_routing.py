@@ -59,6 +59,15 @@ def test_fallback_past_a_tier_that_failed_to_load(client):
     assert headers["x-tiergate-fallbacks"] == "broken: not_ready"
 
 
+def test_a_tier_that_failed_to_load_is_not_worth_a_retry(gw):
+    # It will not come up without an operator: a plain 503 with no Retry-After (which would have
+    # the openai clients wait and ask again for nothing).
+    resp = httpx.post(f"{gw.base}/v1/chat/completions", json={"model": "broken-only", "messages": MSG, "max_tokens": 4})
+    assert resp.status_code == 503 and resp.json()["error"]["code"] == "no_tier_available"
+    assert "retry-after" not in resp.headers and "retry" not in resp.json()["error"]["message"]
+    assert resp.headers["x-tiergate-fallbacks"] == "broken: not_ready"
+
+
 def test_cascade_escalates_on_low_mean_logprob(gw, client):
     # The tiny random model is unsure of every token (mean logprob near -log(128)): escalate, before
     # anything is sent, to the real model, whose answer the client gets as if routed there.
