@@ -9,6 +9,7 @@ from pathlib import Path
 
 from bench.report import MarkdownReport, new_figure
 from bench.routing.routers import BOOTSTRAP_SUFFIX, find_ratio_key
+from bench.routing.uncertainty import describe_interval
 
 
 def _xy(points: list[dict], x: str) -> tuple[list[float], list[float]]:
@@ -90,7 +91,7 @@ def write_routing_report(report: dict, directory: str | Path) -> Path:
     md.table(["headline", "value"], [
         [f"{ratio_key} (bar: >= 2)", report[ratio_key]],
         *([[f"{ratio_key}: 95 % bootstrap interval over the prompts ({interval['resamples']} resamples)",
-            f"{interval['ci95'][0]:.2f} - {interval['ci95'][1]:.2f} ({interval['fraction_at_least_2']:.0%} of "
+            f"{describe_interval(interval)} ({interval['fraction_at_least_2']:.0%} of "
             "resamples >= 2)"]] if interval else []),
         ["cascade_ttft_overhead", report["cascade_ttft_overhead"]],
         ["escalated TTFT vs large alone", latency["escalated_vs_large_ttft"]],

@@ -28,6 +28,7 @@ from bench.routing.routers import BOOTSTRAP_SUFFIX, find_ratio_key, ratio_key
 from bench.routing.scoring import ExchangeScore, encode_exchange, score_question
 from bench.routing.signals import CANDIDATE_KS
 from bench.routing.speed import BatchSpeed, RequestTiming, SingleStreamTimer, best_round, measure_batch
+from bench.routing.uncertainty import describe_interval
 from bench.routing.workload import RoutingPrompt, WorkloadCaps, load_routing_prompts, slice_bounds
 from engines.loaded_model import load_model
 from policies.cascade import CascadeSignal
@@ -238,7 +239,7 @@ def _summary(report: dict) -> Table:
     interval = report.get(headline + BOOTSTRAP_SUFFIX)
     if report[headline] is not None:
         table.caption = f"{headline} = {report[headline]:.2f}" + (
-            f" (95 % bootstrap over the prompts: {interval['ci95'][0]:.2f} - {interval['ci95'][1]:.2f})"
+            f" (95 % bootstrap over the prompts: {describe_interval(interval)})"
             if interval else "")
     for col in ("router", "share to large", "mean bpb", "gap recovered", "CPU-ms / request"):
         table.add_column(col)

@@ -44,3 +44,9 @@ def ratio_interval(table: RoutingTable, scores: np.ndarray, share: float, resamp
     low, high = np.quantile(ratios, [0.025, 0.975])
     return {"resamples": int(len(ratios)), "seed": seed, "ci95": [float(low), float(high)],
             "sd": float(ratios.std()), "fraction_at_least_2": float((ratios >= 2).mean())}
+
+
+def describe_interval(interval: dict) -> str:
+    """The interval as the report and the console print it: "1.74 - 2.19"."""
+    low, high = interval["ci95"]
+    return f"{low:.2f} - {high:.2f}"

@@ -184,14 +184,17 @@ class EmbeddedTier(Tier):
         self.state, self.error = "failed", reason
 
     @property
+    def _engine_stopped(self) -> bool:
+        """Ready, but its engine died a moment ago (the restart is about to begin)."""
+        return self.state == "ready" and (self.engine is None or self.engine.dead)
+
+    @property
     def coming_up(self) -> bool:
         """Loading, or its engine stopped and the restarter is bringing it back."""
-        if self.state == "ready":
-            return self.engine is None or self.engine.dead
-        return self.state in ("loading", "restarting")
+        return self._engine_stopped or self.state in ("loading", "restarting")
 
     def unusable_reason(self) -> str | None:
-        if self.state == "ready" and (self.engine is None or self.engine.dead):
+        if self._engine_stopped:
             return "engine stopped after repeated step failures; restarting"
         if self.state == "restarting":
             return "engine restarting after repeated step failures"
@@ -210,7 +213,7 @@ class EmbeddedTier(Tier):
 
     def describe(self) -> dict:
         out = super().describe()
-        if self.state == "ready" and not self.ready:
+        if self._engine_stopped:
             out["state"] = "restarting"       # the engine died a moment ago
         if self.restarter.restarts:
             out["restarts"] = self.restarter.restarts
