@@ -4,7 +4,8 @@ value is a 400 naming the field here, not an error (or a crash) inside an upstre
 
 They stay out of the request models on purpose: the models hold what the gateway itself acts
 on, and these are kept in `model_extra`, exactly as sent, for the tier that acts on them (an
-upstream forwards them; an embedded tier refuses the ones it cannot honour). A field in neither
+upstream forwards them; an embedded tier enforces the guided decoding ones
+(gateway/guided_decoding.py) and refuses the ones it cannot honour). A field in neither
 list is unknown: an upstream tier forwards it only if its config names it
 (`extra_body_fields`), else the tier's `unknown_fields` policy rejects the request or drops the
 field. Fields that steer the upstream server itself (`priority`, `request_id`,

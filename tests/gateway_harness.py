@@ -162,6 +162,22 @@ routing:
 """
 
 
+def byte_model_config(model_dir: Path, *, max_model_len: int = 256, kv_cache_memory: str = "4MiB",
+                      max_num_batched_tokens: int = 256, tiers: str = "", models: str = "") -> str:
+    """A gateway whose model `bytes` is the tiny byte-level Llama at `model_dir` (constrained
+    decoding tests: it can spell anything and, unmasked, writes noise); `tiers` and `models` add
+    YAML lines to those sections."""
+    return f"""
+auth: {{enabled: false}}
+server: {{reload_poll_s: 0}}
+tiers:
+  bytes: {{model: '{model_dir}', dtype: float32, max_model_len: {max_model_len}, kv_cache_memory: {kv_cache_memory},
+          max_num_seqs: 8, max_num_batched_tokens: {max_num_batched_tokens}}}
+{tiers}models:
+  bytes: {{chain: [bytes]}}
+{models}"""
+
+
 def start_embedded_gateway(tmp_dir: Path) -> RunningGateway:
     from tests.tiny_models import write_tiny_checkpoint
 

@@ -36,6 +36,17 @@ LIMITS = dict(max_grammar_size=200_000, initial_lexer_fuel=1_000_000, step_lexer
               step_max_items=50_000, max_lexer_states=100_000, verbose_errors=False)
 
 
+def _grammar_text(spec: GrammarSpec) -> str:
+    """The spec as llguidance's grammar text; ValueError when it does not parse."""
+    if spec.kind == "json_schema":
+        return llguidance.LLMatcher.grammar_from_json_schema(spec.text, defaults=JSON_OPTIONS)
+    if spec.kind == "regex":
+        return llguidance.LLMatcher.grammar_from_regex(spec.text)
+    if spec.kind in ("choice", "grammar"):
+        return llguidance.LLMatcher.grammar_from_lark(llguidance.grammar_from(spec.kind, spec.text))
+    return llguidance.LLMatcher.grammar_from_lark(spec.text)
+
+
 class CompiledGrammar:
     """A compiled constraint: a matcher at its start, copied for every request that uses it."""
 
@@ -126,15 +137,13 @@ class GrammarCompiler:
         started = time.perf_counter()
         llg = self.llg_tokenizer
         try:
-            if spec.kind == "json_schema":
-                grammar = llguidance.LLMatcher.grammar_from_json_schema(spec.text, defaults=JSON_OPTIONS)
-            else:
-                grammar = llguidance.LLMatcher.grammar_from_lark(spec.text)
+            grammar = _grammar_text(spec)
         except ValueError as exc:
             return GrammarError(f"{spec.param}: {_short(str(exc))}", spec.param)
         matcher = llguidance.LLMatcher(llg, grammar, log_level=0, limits=llguidance.LLParserLimits(**LIMITS))
         if matcher.is_error():
-            return GrammarError(f"{spec.param}: the schema cannot be enforced ({_short(matcher.get_error())})",
+            what = "schema" if spec.kind == "json_schema" else "constraint"
+            return GrammarError(f"{spec.param}: the {what} cannot be enforced ({_short(matcher.get_error())})",
                                 spec.param)
         elapsed = time.perf_counter() - started
         self.compile_seconds.append(elapsed)

@@ -13,7 +13,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-GrammarKind = Literal["json_schema", "lark"]
+# json_schema and lark come from response_format and tools; regex, choice (a JSON list of strings)
+# and grammar (Lark or GBNF) from vLLM's guided decoding fields.
+GrammarKind = Literal["json_schema", "lark", "regex", "choice", "grammar"]
 
 # How JSON is written under a schema: the separators models use most (", " and ": ") and no other
 # whitespace, so a sampled answer cannot wander into unbounded runs of spaces or newlines.
@@ -38,6 +40,20 @@ class GrammarSpec:
     @classmethod
     def lark(cls, grammar: str, param: str = "tools") -> GrammarSpec:
         return cls("lark", grammar, param)
+
+    @classmethod
+    def regex(cls, pattern: str, param: str) -> GrammarSpec:
+        return cls("regex", pattern, param)
+
+    @classmethod
+    def choice(cls, options: list[str], param: str) -> GrammarSpec:
+        """Exactly one of `options`."""
+        return cls("choice", json.dumps(options, ensure_ascii=False), param)
+
+    @classmethod
+    def grammar(cls, text: str, param: str) -> GrammarSpec:
+        """A context-free grammar in Lark or GBNF (told apart by the compiler)."""
+        return cls("grammar", text, param)
 
     @property
     def digest(self) -> str:

@@ -13,12 +13,24 @@ from engines.llm_engine import LLMEngine
 from engines.loaded_model import LoadedModel
 from engines.sampling_params import InvalidRequestError, SamplingParams
 from gateway.errors import GatewayError
+from gateway.guided_decoding import guided_grammar
 from gateway.response_format import response_format_grammar
 from gateway.schema import ChatCompletionRequest, RequestBody
 from gateway.tiers.base import TierCall, TierUnfit
 from gateway.tool_plan import template_messages, tool_plan
 
 UNSUPPORTED_CHAT = ("functions", "function_call")
+# Known extensions (gateway/schema_extensions.py) that would change what is generated or how the
+# prompt is built, and that no embedded engine implements: refused unless sent at the value that
+# changes nothing, so a client never gets output it did not ask for. The fields left out of this
+# table are either honoured (stop_token_ids, include_stop_str_in_output, the guided decoding
+# fields) or change nothing in the output (metadata, store, user, prompt_cache_key, ...).
+_NEUTRAL_BOTH = {"use_beam_search": (False,), "length_penalty": (1, 1.0), "repetition_penalty": (1, 1.0),
+                 "min_tokens": (0,), "truncate_prompt_tokens": (), "prompt_logprobs": (), "allowed_token_ids": (),
+                 "bad_words": ([],), "return_tokens_as_token_ids": (False,), "skip_special_tokens": (True,)}
+_NEUTRAL_CHAT = {"echo": (False,), "add_generation_prompt": (True,), "continue_final_message": (False,),
+                 "chat_template": (), "chat_template_kwargs": ({},), "documents": ([],), "mm_processor_kwargs": ({},),
+                 "modalities": (["text"],), "audio": (), "web_search_options": ()}
 
 Job = tuple[int, list[int], SamplingParams]      # (choice index, prompt ids, sampling)
 
@@ -60,6 +72,12 @@ def check_supported(body: RequestBody) -> None:
             raise GatewayError(400, "best_of other than n is not supported", param="best_of")
     if extra.get("logit_bias"):
         raise GatewayError(400, "logit_bias is not supported by embedded tiers", param="logit_bias")
+    neutral = _NEUTRAL_BOTH | (_NEUTRAL_CHAT if isinstance(body, ChatCompletionRequest) else {})
+    for name, value in extra.items():
+        if name in neutral and value is not None and value not in neutral[name]:
+            raise GatewayError(400, f"'{name}' is not supported by embedded tiers", param=name)
+    if isinstance(body, ChatCompletionRequest) and extra.get("best_of") not in (None, body.n):
+        raise GatewayError(400, "best_of other than n is not supported", param="best_of")
 
 
 def engine_jobs(call: TierCall, prompts: list[list[int]], engine: LLMEngine) -> list[Job]:
@@ -73,7 +91,14 @@ def engine_jobs(call: TierCall, prompts: list[list[int]], engine: LLMEngine) -> 
     prompt_hidden = gate is not None and gate.wants_prompt_hidden
     top = body.num_top_logprobs if chat else (body.logprobs or 0)
     limit = engine.max_model_len
-    grammar = response_format_grammar((body.model_extra or {}).get("response_format"))
+    extra = body.model_extra or {}
+    grammar = response_format_grammar(extra.get("response_format"))
+    guided = guided_grammar(extra)
+    if guided is not None:
+        if grammar is not None:
+            raise GatewayError(400, "response_format and a guided decoding constraint cannot be combined",
+                               param=guided.param)
+        grammar = guided
     plan = tool_plan(body) if chat else None
     if plan is not None and plan.forced is not None:    # a forced call outranks a response format
         grammar = plan.grammar(engine.tokenizer)
@@ -85,7 +110,9 @@ def engine_jobs(call: TierCall, prompts: list[list[int]], engine: LLMEngine) -> 
                 max_tokens=max_tokens, temperature=1.0 if body.temperature is None else body.temperature,
                 top_p=1.0 if body.top_p is None else body.top_p, top_k=body.top_k or 0, min_p=body.min_p or 0.0,
                 seed=derive_seed(body.seed, p_index * body.n + i), stop=body.stop_list(),
-                ignore_eos=body.ignore_eos, presence_penalty=body.presence_penalty or 0.0,
+                ignore_eos=body.ignore_eos, stop_token_ids=list(extra.get("stop_token_ids") or ()),
+                include_stop_str_in_output=bool(extra.get("include_stop_str_in_output")),
+                presence_penalty=body.presence_penalty or 0.0,
                 frequency_penalty=body.frequency_penalty or 0.0, logprobs=bool(want_lp), top_logprobs=top,
                 entropy=entropy, prompt_hidden=prompt_hidden,
                 prompt_hidden_rows=gate.prompt_hidden_rows if prompt_hidden else (0,), grammar=grammar)

@@ -15,7 +15,7 @@ import openai
 import pytest
 from pydantic import BaseModel, Field
 
-from tests.gateway_harness import InstantUpstream, RunningGateway
+from tests.gateway_harness import InstantUpstream, RunningGateway, byte_model_config
 
 MSG = [{"role": "user", "content": "Describe a pet as JSON."}]
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather of a city", "strict": True,
@@ -39,17 +39,9 @@ def setup(tmp_path_factory):
     write_tiny_byte_checkpoint(tmp / "bytes", seed=3, initializer_range=0.2)
     upstream = InstantUpstream()
     path = tmp / "gateway.yaml"
-    path.write_text(f"""
-auth: {{enabled: false}}
-server: {{reload_poll_s: 0}}
-tiers:
-  bytes: {{model: '{tmp / "bytes"}', dtype: float32, max_model_len: 256, kv_cache_memory: 4MiB,
-          max_num_seqs: 8, max_num_batched_tokens: 256}}
-  up: {{kind: upstream, base_url: "{upstream.base_url}", model: instant}}
-models:
-  bytes: {{chain: [bytes]}}
-  up: {{chain: [up]}}
-""")
+    path.write_text(byte_model_config(tmp / "bytes",
+                                      tiers=f'  up: {{kind: upstream, base_url: "{upstream.base_url}", model: instant}}\n',
+                                      models="  up: {chain: [up]}\n"))
     gw = RunningGateway(path)
     yield gw, upstream
     gw.stop()

@@ -13,7 +13,7 @@ import jsonschema
 import openai
 import pytest
 
-from tests.gateway_harness import RunningGateway
+from tests.gateway_harness import RunningGateway, byte_model_config
 
 WEATHER = {"type": "object", "additionalProperties": False, "required": ["city", "unit"],
            "properties": {"city": {"type": "string", "maxLength": 12}, "unit": {"enum": ["C", "F"]}}}
@@ -34,15 +34,8 @@ def gw(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("tools-gw")
     write_tiny_byte_checkpoint(tmp / "bytes", seed=5, initializer_range=0.2, max_position_embeddings=2048)
     path = tmp / "gateway.yaml"
-    path.write_text(f"""
-auth: {{enabled: false}}
-server: {{reload_poll_s: 0}}
-tiers:
-  bytes: {{model: '{tmp / "bytes"}', dtype: float32, max_model_len: 2048, kv_cache_memory: 8MiB,
-          max_num_seqs: 8, max_num_batched_tokens: 1024}}
-models:
-  bytes: {{chain: [bytes]}}
-""")
+    path.write_text(byte_model_config(tmp / "bytes", max_model_len=2048, kv_cache_memory="8MiB",
+                                      max_num_batched_tokens=1024))
     gw = RunningGateway(path)
     yield gw
     gw.stop()

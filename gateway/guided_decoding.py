@@ -1,0 +1,91 @@
+"""vLLM's guided decoding fields as an embedded engine's constraint.
+
+vLLM clients constrain output with `guided_json`, `guided_regex`, `guided_choice` and
+`guided_grammar`, or with the newer `structured_outputs` object holding the same under `json`,
+`regex`, `choice`, `grammar` and `json_object`. An embedded tier enforces each of them with the
+grammar engine that serves response_format (engines/grammar), so a client moving from vLLM gets
+the output it asked for, never unconstrained text. Their types and sizes were checked at parse
+time (gateway/schema_extensions.py); here each becomes a GrammarSpec, and a request naming more
+than one constraint, or an option the engine does not have, is a 400 naming the field. Upstream
+tiers never come here: they forward the fields as sent.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from engines.grammar import GrammarSpec
+from gateway.errors import GatewayError
+from gateway.response_format import check_schema, closed_objects
+
+GUIDED_FIELDS = ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
+# structured_outputs' keys that carry a constraint, and the ones that tune one and are accepted
+# only at the value this engine has anyway.
+_STRUCTURED_KINDS = ("json", "regex", "choice", "grammar", "json_object")
+_STRUCTURED_NEUTRAL = {"disable_any_whitespace": (None, False, True), "disable_additional_properties": (None, False, True),
+                       "disable_fallback": (None, False, True), "backend": None, "whitespace_pattern": (None,)}
+
+
+def guided_grammar(extra: dict[str, Any]) -> GrammarSpec | None:
+    """The constraint the body's guided decoding fields ask for (None: none), or a 400."""
+    if extra.get("guided_whitespace_pattern") is not None:
+        raise GatewayError(400, "guided_whitespace_pattern is not supported by embedded tiers: JSON is written "
+                                "with single spaces after ',' and ':'", param="guided_whitespace_pattern")
+    given = [(name, extra[name]) for name in GUIDED_FIELDS if extra.get(name) is not None]
+    structured = extra.get("structured_outputs")
+    if structured is not None:
+        given += _structured_fields(structured)
+    if not given:
+        return None
+    if len(given) > 1:
+        names = ", ".join(name for name, _ in given)
+        raise GatewayError(400, f"only one guided decoding constraint may be given, not {names}", param=given[1][0])
+    name, value = given[0]
+    return _spec(name.rsplit(".", 1)[-1].removeprefix("guided_"), value, name)
+
+
+def _structured_fields(value: dict[str, Any]) -> list[tuple[str, Any]]:
+    out = []
+    for key, item in value.items():
+        where = f"structured_outputs.{key}"
+        if key in _STRUCTURED_KINDS:
+            if item is not None and item is not False:
+                out.append((where, item))
+        elif key in _STRUCTURED_NEUTRAL:
+            allowed = _STRUCTURED_NEUTRAL[key]
+            if allowed is not None and item not in allowed:
+                raise GatewayError(400, f"{where} is not supported by embedded tiers", param=where)
+        else:
+            raise GatewayError(400, f"{where} is not supported by embedded tiers", param=where)
+    return out
+
+
+def _spec(kind: str, value: Any, param: str) -> GrammarSpec:
+    if kind == "json_object":
+        if value is not True:
+            raise GatewayError(400, f"{param} must be true", param=param)
+        return GrammarSpec.json_object(param)
+    if kind == "json":
+        schema = _schema(value, param)
+        return GrammarSpec.json_schema(closed_objects(schema) if schema else {"type": "object"}, param)
+    if kind == "choice":
+        if not isinstance(value, list) or not value or not all(isinstance(c, str) and c for c in value):
+            raise GatewayError(400, f"{param} must be a non-empty list of non-empty strings", param=param)
+        return GrammarSpec.choice(value, param)
+    if not isinstance(value, str) or not value:
+        raise GatewayError(400, f"{param} must be a non-empty string", param=param)
+    return GrammarSpec.regex(value, param) if kind == "regex" else GrammarSpec.grammar(value, param)
+
+
+def _schema(value: Any, param: str) -> dict[str, Any]:
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise GatewayError(400, f"{param} is not valid JSON ({exc.msg})", param=param) from None
+    try:
+        check_schema(value, param)
+    except ValueError as exc:
+        raise GatewayError(400, str(exc), param=param) from None
+    return value

@@ -1,0 +1,154 @@
+"""vLLM's guided decoding and sampling extensions on an embedded tier, over real HTTP with the
+official openai client (`extra_body`, as vLLM's clients send them). The tier is the tiny byte-level
+Llama: without the grammar mask its output is noise, so an answer inside the constraint is the
+constraint's doing. Honoured fields change the output as vLLM's do; the ones no embedded engine
+implements are a 400 naming the field, never silently ignored."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import httpx
+import jsonschema
+import openai
+import pytest
+from tokenizers import Tokenizer
+
+from tests.gateway_harness import RunningGateway, byte_model_config
+
+MSG = [{"role": "user", "content": "Answer."}]
+SCHEMA = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 999}, "ok": {"type": "boolean"}},
+          "required": ["n", "ok"]}
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    from tests.tiny_models import write_tiny_byte_checkpoint
+
+    tmp = tmp_path_factory.mktemp("guided-gw")
+    write_tiny_byte_checkpoint(tmp / "bytes", seed=3, initializer_range=0.2)
+    path = tmp / "gateway.yaml"
+    path.write_text(byte_model_config(tmp / "bytes"))
+    gw = RunningGateway(path)
+    yield gw, Tokenizer.from_file(str(tmp / "bytes" / "tokenizer.json"))
+    gw.stop()
+
+
+@pytest.fixture(scope="module")
+def client(setup):
+    return openai.OpenAI(base_url=f"{setup[0].base}/v1", api_key="unused", max_retries=0)
+
+
+def _chat(client, seed=0, **extra):
+    out = client.chat.completions.create(model="bytes", messages=MSG, max_tokens=40, seed=seed, extra_body=extra)
+    return out.choices[0]
+
+
+@pytest.mark.parametrize("extra", [{"guided_regex": r"[0-9]{3}-[a-z]{2}"},
+                                   {"structured_outputs": {"regex": r"[0-9]{3}-[a-z]{2}"}}])
+def test_a_regex_is_matched_whole(client, extra):
+    for seed in range(3):
+        choice = _chat(client, seed, **extra)
+        assert re.fullmatch(r"[0-9]{3}-[a-z]{2}", choice.message.content), choice.message.content
+        assert choice.finish_reason == "stop"
+
+
+@pytest.mark.parametrize("extra", [{"guided_choice": ["yes", "no", "maybe \"so\""]},
+                                   {"structured_outputs": {"choice": ["yes", "no", "maybe \"so\""]}}])
+def test_a_choice_is_one_of_the_options(client, extra):
+    seen = set()
+    for seed in range(6):
+        seen.add(_chat(client, seed, **extra).message.content)
+    assert seen <= {"yes", "no", "maybe \"so\""} and seen
+
+
+def test_a_choice_holds_when_streamed(client):
+    stream = client.chat.completions.create(model="bytes", messages=MSG, max_tokens=40, seed=1, stream=True,
+                                            extra_body={"guided_choice": ["alpha", "beta"]})
+    assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) in ("alpha", "beta")
+
+
+@pytest.mark.parametrize("extra", [{"guided_json": SCHEMA}, {"guided_json": json.dumps(SCHEMA)},
+                                   {"structured_outputs": {"json": SCHEMA}}])
+def test_json_follows_the_schema(client, extra):
+    for seed in range(2):
+        content = _chat(client, seed, **extra).message.content
+        jsonschema.validate(json.loads(content), SCHEMA)
+
+
+def test_json_object_is_an_object(client):
+    # Any object: noise may fill its keys past max_tokens, so a cut answer is checked as a prefix.
+    for seed in range(3):
+        choice = _chat(client, seed, structured_outputs={"json_object": True})
+        assert choice.message.content.startswith("{"), choice.message.content
+        if choice.finish_reason == "stop":
+            assert isinstance(json.loads(choice.message.content), dict)
+
+
+@pytest.mark.parametrize("grammar", ['start: "a" ("b" | "c")+ "d"',            # Lark
+                                     'root ::= "a" ("b" | "c")+ "d"'])          # GBNF
+def test_a_grammar_in_lark_or_gbnf_is_followed(client, grammar):
+    for seed in range(2):
+        content = _chat(client, seed, guided_grammar=grammar).message.content
+        assert re.fullmatch(r"a[bc]+d", content), content
+
+
+def test_the_completions_endpoint_takes_them_too(client):
+    out = client.completions.create(model="bytes", prompt="x", max_tokens=20, seed=0,
+                                    extra_body={"guided_regex": "[a-c]{4}"})
+    assert re.fullmatch("[a-c]{4}", out.choices[0].text)
+
+
+def test_stop_token_ids_end_the_answer_and_the_stop_text_may_be_kept(setup, client):
+    stop_id = setup[1].token_to_id("c")
+    choice = _chat(client, 0, guided_regex="abcdef", stop_token_ids=[stop_id])
+    assert (choice.message.content, choice.finish_reason) == ("ab", "stop")
+    kept = _chat(client, 0, guided_regex="abcdef", stop=["cd"], include_stop_str_in_output=True)
+    assert kept.message.content == "abcd"
+    assert _chat(client, 0, guided_regex="abcdef", stop=["cd"]).message.content == "ab"
+
+
+def _post(setup, body):
+    return httpx.post(f"{setup[0].base}/v1/chat/completions", timeout=60,
+                      json={"model": "bytes", "messages": MSG, "max_tokens": 5, **body})
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"guided_regex": "[0-9]+", "guided_choice": ["a"]}, "guided_choice"),
+    ({"guided_json": SCHEMA, "structured_outputs": {"regex": "a"}}, "structured_outputs.regex"),
+    ({"response_format": {"type": "json_object"}, "guided_regex": "a"}, "guided_regex"),
+    ({"guided_regex": "("}, "guided_regex"),
+    ({"guided_json": "{not json"}, "guided_json"),
+    ({"guided_choice": []}, "guided_choice"),
+    ({"guided_grammar": "root ::: nothing"}, "guided_grammar"),
+    ({"structured_outputs": {"structural_tag": "{}"}}, "structured_outputs.structural_tag"),
+    ({"guided_whitespace_pattern": " *"}, "guided_whitespace_pattern"),
+])
+def test_a_constraint_that_cannot_be_honoured_is_a_400_naming_it(setup, body, param):
+    response = _post(setup, body)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["param"] == param, error
+
+
+@pytest.mark.parametrize("field,value", [("repetition_penalty", 1.2), ("min_tokens", 3), ("use_beam_search", True),
+                                         ("bad_words", ["a"]), ("allowed_token_ids", [1, 2]), ("prompt_logprobs", 1),
+                                         ("truncate_prompt_tokens", 8), ("chat_template", "{{ messages }}"),
+                                         ("continue_final_message", True), ("add_generation_prompt", False),
+                                         ("skip_special_tokens", False), ("echo", True), ("best_of", 2),
+                                         ("chat_template_kwargs", {"enable_thinking": True})])
+def test_an_extension_no_embedded_engine_has_is_a_400_naming_it(setup, field, value):
+    response = _post(setup, {field: value})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == field and "not supported" in error["message"], error
+
+
+@pytest.mark.parametrize("field,value", [("repetition_penalty", 1.0), ("min_tokens", 0), ("use_beam_search", False),
+                                         ("skip_special_tokens", True), ("add_generation_prompt", True),
+                                         ("guided_decoding_backend", "xgrammar"), ("metadata", {"team": "a"}),
+                                         ("structured_outputs", {"regex": "ab", "disable_any_whitespace": True})])
+def test_an_extension_at_its_neutral_value_is_accepted(setup, field, value):
+    response = _post(setup, {field: value})
+    assert response.status_code == 200, response.text
