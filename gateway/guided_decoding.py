@@ -20,11 +20,10 @@ from gateway.errors import GatewayError
 from gateway.response_format import check_schema, closed_objects
 
 GUIDED_FIELDS = ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
-# structured_outputs' keys that carry a constraint, and the ones that tune one and are accepted
-# only at the value this engine has anyway.
+# structured_outputs' keys that carry a constraint, and those that tune how vLLM builds one: any
+# answer this engine writes (compact JSON, closed objects) satisfies them either way.
 _STRUCTURED_KINDS = ("json", "regex", "choice", "grammar", "json_object")
-_STRUCTURED_NEUTRAL = {"disable_any_whitespace": (None, False, True), "disable_additional_properties": (None, False, True),
-                       "disable_fallback": (None, False, True), "backend": None, "whitespace_pattern": (None,)}
+_STRUCTURED_TUNING = ("disable_any_whitespace", "disable_additional_properties", "disable_fallback", "backend")
 
 
 def guided_grammar(extra: dict[str, Any]) -> GrammarSpec | None:
@@ -52,11 +51,7 @@ def _structured_fields(value: dict[str, Any]) -> list[tuple[str, Any]]:
         if key in _STRUCTURED_KINDS:
             if item is not None and item is not False:
                 out.append((where, item))
-        elif key in _STRUCTURED_NEUTRAL:
-            allowed = _STRUCTURED_NEUTRAL[key]
-            if allowed is not None and item not in allowed:
-                raise GatewayError(400, f"{where} is not supported by embedded tiers", param=where)
-        else:
+        elif key not in _STRUCTURED_TUNING and item is not None:    # whitespace_pattern, structural_tag, ...
             raise GatewayError(400, f"{where} is not supported by embedded tiers", param=where)
     return out
 

@@ -19,18 +19,20 @@ from gateway.schema import ChatCompletionRequest, RequestBody
 from gateway.tiers.base import TierCall, TierUnfit
 from gateway.tool_plan import template_messages, tool_plan
 
-UNSUPPORTED_CHAT = ("functions", "function_call")
 # Known extensions (gateway/schema_extensions.py) that would change what is generated or how the
-# prompt is built, and that no embedded engine implements: refused unless sent at the value that
-# changes nothing, so a client never gets output it did not ask for. The fields left out of this
-# table are either honoured (stop_token_ids, include_stop_str_in_output, the guided decoding
-# fields) or change nothing in the output (metadata, store, user, prompt_cache_key, ...).
-_NEUTRAL_BOTH = {"use_beam_search": (False,), "length_penalty": (1, 1.0), "repetition_penalty": (1, 1.0),
-                 "min_tokens": (0,), "truncate_prompt_tokens": (), "prompt_logprobs": (), "allowed_token_ids": (),
-                 "bad_words": ([],), "return_tokens_as_token_ids": (False,), "skip_special_tokens": (True,)}
-_NEUTRAL_CHAT = {"echo": (False,), "add_generation_prompt": (True,), "continue_final_message": (False,),
-                 "chat_template": (), "chat_template_kwargs": ({},), "documents": ([],), "mm_processor_kwargs": ({},),
-                 "modalities": (["text"],), "audio": (), "web_search_options": ()}
+# prompt is built, and that no embedded engine implements: refused unless sent at a value that
+# changes nothing (the values listed; null always), so a client never gets output it did not ask
+# for. The fields left out of these tables are either honoured (stop_token_ids,
+# include_stop_str_in_output, the guided decoding fields) or change nothing in the output
+# (metadata, store, user, prompt_cache_key, ...).
+_NEUTRAL_BOTH = {"logit_bias": ({},), "use_beam_search": (False,), "length_penalty": (1, 1.0),
+                 "repetition_penalty": (1, 1.0), "min_tokens": (0,), "truncate_prompt_tokens": (),
+                 "prompt_logprobs": (), "allowed_token_ids": (), "bad_words": ([],),
+                 "return_tokens_as_token_ids": (False,), "skip_special_tokens": (True,)}
+_NEUTRAL_CHAT = {"functions": ([],), "function_call": ("", {}), "echo": (False,), "add_generation_prompt": (True,),
+                 "continue_final_message": (False,), "chat_template": (), "chat_template_kwargs": ({},),
+                 "documents": ([],), "mm_processor_kwargs": ({},), "modalities": (["text"],), "audio": (),
+                 "web_search_options": ()}
 
 Job = tuple[int, list[int], SamplingParams]      # (choice index, prompt ids, sampling)
 
@@ -59,24 +61,18 @@ def render_prompts(loaded: LoadedModel, body: RequestBody) -> list[list[int]]:
 
 def check_supported(body: RequestBody) -> None:
     extra = body.model_extra or {}
-    if isinstance(body, ChatCompletionRequest):
-        for name in UNSUPPORTED_CHAT:
-            if extra.get(name):
-                raise GatewayError(400, f"'{name}' is not supported by embedded tiers", param=name)
-    else:
+    chat = isinstance(body, ChatCompletionRequest)
+    if not chat:
         if body.echo:
             raise GatewayError(400, "echo is not supported by embedded tiers", param="echo")
         if body.suffix:
             raise GatewayError(400, "suffix is not supported by embedded tiers", param="suffix")
-        if body.best_of is not None and body.best_of != body.n:
-            raise GatewayError(400, "best_of other than n is not supported", param="best_of")
-    if extra.get("logit_bias"):
-        raise GatewayError(400, "logit_bias is not supported by embedded tiers", param="logit_bias")
-    neutral = _NEUTRAL_BOTH | (_NEUTRAL_CHAT if isinstance(body, ChatCompletionRequest) else {})
+    neutral = _NEUTRAL_BOTH | (_NEUTRAL_CHAT if chat else {})
     for name, value in extra.items():
         if name in neutral and value is not None and value not in neutral[name]:
             raise GatewayError(400, f"'{name}' is not supported by embedded tiers", param=name)
-    if isinstance(body, ChatCompletionRequest) and extra.get("best_of") not in (None, body.n):
+    best_of = extra.get("best_of") if chat else body.best_of     # a vLLM extension in chat, modelled in completions
+    if best_of is not None and best_of != body.n:
         raise GatewayError(400, "best_of other than n is not supported", param="best_of")
 
 

@@ -137,7 +137,9 @@ def test_a_constraint_that_cannot_be_honoured_is_a_400_naming_it(setup, body, pa
                                          ("truncate_prompt_tokens", 8), ("chat_template", "{{ messages }}"),
                                          ("continue_final_message", True), ("add_generation_prompt", False),
                                          ("skip_special_tokens", False), ("echo", True), ("best_of", 2),
-                                         ("chat_template_kwargs", {"enable_thinking": True})])
+                                         ("chat_template_kwargs", {"enable_thinking": True}),
+                                         ("logit_bias", {"100": 5}), ("functions", [{"name": "f"}]),
+                                         ("function_call", "auto")])
 def test_an_extension_no_embedded_engine_has_is_a_400_naming_it(setup, field, value):
     response = _post(setup, {field: value})
     assert response.status_code == 400, response.text
@@ -148,6 +150,7 @@ def test_an_extension_no_embedded_engine_has_is_a_400_naming_it(setup, field, va
 @pytest.mark.parametrize("field,value", [("repetition_penalty", 1.0), ("min_tokens", 0), ("use_beam_search", False),
                                          ("skip_special_tokens", True), ("add_generation_prompt", True),
                                          ("guided_decoding_backend", "xgrammar"), ("metadata", {"team": "a"}),
+                                         ("logit_bias", {}),
                                          ("structured_outputs", {"regex": "ab", "disable_any_whitespace": True})])
 def test_an_extension_at_its_neutral_value_is_accepted(setup, field, value):
     response = _post(setup, {field: value})
