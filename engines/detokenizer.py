@@ -22,8 +22,10 @@ class IncrementalDetokenizer:
         self._emitted = 0
         self.stopped = False
 
-    def push(self, token_id: int) -> bool:
-        """Add a token; return True when a stop string completed (text is cut there)."""
+    def push(self, token_id: int, check_stop: bool = True) -> bool:
+        """Add a token; return True when a stop string completed (text is cut there). With
+        `check_stop` false the token's text is not searched: a stop string that ends in it
+        does not count (min_tokens)."""
         self._ids.append(token_id)
         decode = self.tokenizer.decode
         before = decode(self._ids[self._prefix_offset:self._read_offset])
@@ -35,7 +37,7 @@ class IncrementalDetokenizer:
         # The window slides: the tokens just rendered become the context for the next ones.
         self._prefix_offset = self._read_offset
         self._read_offset = len(self._ids)
-        return self._check_stop(searched_from)
+        return check_stop and self._check_stop(searched_from)
 
     def _check_stop(self, start: int) -> bool:
         if not self.stop:

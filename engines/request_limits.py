@@ -28,6 +28,8 @@ class RequestLimits:
             raise InvalidRequestError("the prompt is empty", "prompt")
         if min(prompt_ids) < 0 or max(prompt_ids) >= self.vocab_size:
             raise InvalidRequestError(f"prompt token ids must lie in [0, {self.vocab_size})", "prompt")
+        if params.logit_bias and max(params.logit_bias) >= self.vocab_size:
+            raise InvalidRequestError(f"logit_bias token ids must lie in [0, {self.vocab_size})", "logit_bias")
         total = len(prompt_ids) + params.max_tokens
         if total > self.max_model_len:
             raise ContextLengthError(

@@ -1,4 +1,4 @@
-"""Batched sampling: penalties, temperature, top-k, top-p, min-p, seeds and logprobs as
+"""Batched sampling: the request's logit adjustments, temperature, top-k, top-p, min-p, seeds and logprobs as
 tensor operations over all rows at once.
 
 Logprobs (and, for requests that ask, the entropy of the distribution each token came from) are
@@ -6,7 +6,7 @@ taken from the model's own distribution: the raw logits, before penalties, tempe
 filters, so that they say how sure the model was whatever the request's sampling settings (a
 greedy request's sampling distribution is a point mass, whose entropy says nothing).
 
-The pieces (`penalize`, `probs`, `draw`, `logprobs`) are also used by speculative decoding,
+The pieces (`adjust`, `probs`, `draw`, `logprobs`) are also used by speculative decoding,
 whose exact acceptance rule works on the same processed distributions (engines/spec/).
 """
 
@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from engines.grammar.mask import MaskBuilder, apply_masks, unpack
+from engines.logit_adjust import adjust_logits
 from engines.sampling_params import SamplingParams
 from engines.sequence import Sequence
 
@@ -70,7 +71,8 @@ class Sampler:
     """Works on logits of any device: the tensors it builds follow them, and the sampled ids
     come back to the host once per call (one .tolist())."""
 
-    def __init__(self, seed: int | None = None):
+    def __init__(self, seed: int | None = None, eos_token_ids: frozenset[int] = frozenset()):
+        self.eos_token_ids = eos_token_ids      # what min_tokens keeps a request from sampling early
         self.generator = torch.Generator()
         if seed is not None:
             self.generator.manual_seed(seed)
@@ -91,7 +93,7 @@ class Sampler:
         params = [s.params for s in seqs]
         raw = logits
         logits = self.constrain(logits, seqs)
-        logits = self.penalize(logits, params, [s.output_ids for s in seqs])
+        logits = self.adjust(logits, seqs)
         picked = [i for i, p in enumerate(params) if not p.greedy]
         if len(picked) == len(params):      # every row samples: no row index to build (or copy)
             tokens = self.draw(self.probs(logits, params), [s.generator for s in seqs])
@@ -115,21 +117,10 @@ class Sampler:
         bitmask = self.masks.bitmask([seqs[i].grammar for i in rows], logits.shape[1])
         return apply_masks(logits, rows, unpack(bitmask, logits.shape[1]))
 
-    @staticmethod
-    def penalize(logits: torch.Tensor, params: list[SamplingParams], histories: list[list[int]]) -> torch.Tensor:
-        """Presence/frequency penalties over each row's own history (a copy when any applies)."""
-        if not any(p.uses_penalties for p in params):
-            return logits
-        logits = logits.clone()
-        device = logits.device
-        for i, (p, history) in enumerate(zip(params, histories)):
-            if not p.uses_penalties or not history:
-                continue
-            ids = torch.tensor(history, device=device)
-            counts = torch.zeros(logits.shape[1], dtype=logits.dtype, device=device).index_add_(
-                0, ids, torch.ones(len(ids), device=device))
-            logits[i] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(logits.dtype)
-        return logits
+    def adjust(self, logits: torch.Tensor, seqs: list[Sequence], drafts: list[list[int]] | None = None) -> torch.Tensor:
+        """Each row's logit_bias, min_tokens and penalties (engines/logit_adjust.py); row i is
+        seqs[i] after its output plus drafts[i] when given."""
+        return adjust_logits(logits, seqs, self.eos_token_ids, drafts)
 
     @staticmethod
     def probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:

@@ -21,6 +21,8 @@ class InvalidRequestError(ValueError):
         return type(self), (self.args[0], self.param)
 
 
+MAX_REPETITION_PENALTY = 100.0
+MAX_LOGIT_BIAS = 1024
 SEED_MIN, SEED_MAX = -(1 << 63), (1 << 64) - 1      # what torch.Generator.manual_seed takes
 
 
@@ -43,6 +45,9 @@ class SamplingParams:
     ignore_eos: bool = False
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0         # 1 = off; over the prompt and the output (vLLM's meaning)
+    min_tokens: int = 0                     # EOS and stop_token_ids banned, stop strings unchecked, before this many
+    logit_bias: dict[int, float] = field(default_factory=dict)      # token id -> added to its logit
     logprobs: bool = False
     top_logprobs: int = 0
     # The entropy of the model's distribution at each generated token (TokenLogprob.entropy):
@@ -72,6 +77,13 @@ class SamplingParams:
             (0.0 <= self.min_p <= 1.0, "min_p", "must be in [0, 1]"),
             (-2.0 <= self.presence_penalty <= 2.0, "presence_penalty", "must be between -2 and 2"),
             (-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty", "must be between -2 and 2"),
+            (0.0 < self.repetition_penalty <= MAX_REPETITION_PENALTY, "repetition_penalty",
+             f"must be in (0, {MAX_REPETITION_PENALTY:g}]"),
+            (isinstance(self.min_tokens, int) and 0 <= self.min_tokens <= self.max_tokens, "min_tokens",
+             "must be an integer between 0 and max_tokens"),
+            (len(self.logit_bias) <= MAX_LOGIT_BIAS
+             and all(isinstance(t, int) and t >= 0 and -100.0 <= b <= 100.0 for t, b in self.logit_bias.items()),
+             "logit_bias", f"must map at most {MAX_LOGIT_BIAS} token ids to biases between -100 and 100"),
             (0 <= self.top_logprobs <= 20, "top_logprobs", "must be between 0 and 20"),
             (len(self.stop) <= 4 and all(isinstance(s, str) and s for s in self.stop), "stop",
              "must be at most 4 non-empty strings"),
@@ -93,6 +105,10 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    def stop_token_set(self, eos_token_ids: frozenset[int]) -> frozenset[int]:
+        """The tokens that end this request: its stop_token_ids, and the model's EOS unless ignored."""
+        return frozenset(self.stop_token_ids) | (frozenset() if self.ignore_eos else eos_token_ids)
 
     @property
     def uses_penalties(self) -> bool:

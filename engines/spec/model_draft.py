@@ -95,8 +95,7 @@ class ModelDraftSource:
     def _draw(self, active, logits: torch.Tensor) -> None:
         """Append one draft token per active entry, drawn from the draft's processed distribution."""
         params = [a[0].seq.params for a in active]
-        histories = [a[0].seq.output_ids + a[0].draft_ids for a in active]
-        logits = self.sampler.penalize(logits, params, histories)
+        logits = self.sampler.adjust(logits, [a[0].seq for a in active], [a[0].draft_ids for a in active])
         tokens = logits.argmax(dim=-1)
         sampled = [i for i, p in enumerate(params) if not p.greedy]
         if sampled:

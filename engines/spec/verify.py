@@ -1,7 +1,7 @@
 """Verification of draft tokens: the exact rule that keeps the target's distribution.
 
 For draft x_j drawn from q_j, with p_j the target's processed distribution at that
-position (penalties over the history including the earlier drafts, temperature, top-k/p,
+position (logit bias, min_tokens and penalties over the history including the earlier drafts, temperature, top-k/p,
 min-p): accept with probability min(1, p_j(x_j) / q_j(x_j)); at the first rejection draw
 from normalize(max(0, p_j - q_j)) and stop; when all k are accepted draw a bonus token
 from p_k. A point-mass proposal (n-gram) has q_j = one-hot(x_j). Greedy requests accept
@@ -46,9 +46,9 @@ def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
 def verify(logits: torch.Tensor, groups: list[SpecGroup], sampler: Sampler) -> list[Verdict]:
     rows = [g.row + j for g in groups for j in range(len(g.drafts) + 1)]
     params = [g.seq.params for g in groups for _ in range(len(g.drafts) + 1)]
-    histories = [g.seq.output_ids + g.drafts[:j] for g in groups for j in range(len(g.drafts) + 1)]
     raw = logits[rows]
-    processed = sampler.penalize(raw, params, histories)
+    processed = sampler.adjust(raw, [g.seq for g in groups for _ in range(len(g.drafts) + 1)],
+                               [g.drafts[:j] for g in groups for j in range(len(g.drafts) + 1)])
     sampled = [i for i, p in enumerate(params) if not p.greedy]
     probs = sampler.probs(processed[sampled], [params[i] for i in sampled]) if sampled else None
     prob_row = {r: i for i, r in enumerate(sampled)}

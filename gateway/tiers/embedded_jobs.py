@@ -22,11 +22,10 @@ from gateway.tool_plan import template_messages, tool_plan
 # Known extensions (gateway/schema_extensions.py) that would change what is generated or how the
 # prompt is built, and that no embedded engine implements: refused unless sent at a value that
 # changes nothing (the values listed; null always), so a client never gets output it did not ask
-# for. The fields left out of these tables are either honoured (stop_token_ids,
-# include_stop_str_in_output, the guided decoding fields) or change nothing in the output
-# (metadata, store, user, prompt_cache_key, ...).
-_NEUTRAL_BOTH = {"logit_bias": ({},), "use_beam_search": (False,), "length_penalty": (1, 1.0),
-                 "repetition_penalty": (1, 1.0), "min_tokens": (0,), "truncate_prompt_tokens": (),
+# for. The fields left out of these tables are either honoured (logit_bias, repetition_penalty,
+# min_tokens, stop_token_ids, include_stop_str_in_output, the guided decoding fields) or change
+# nothing in the output (metadata, store, user, prompt_cache_key, ...).
+_NEUTRAL_BOTH = {"use_beam_search": (False,), "length_penalty": (1, 1.0), "truncate_prompt_tokens": (),
                  "prompt_logprobs": (), "allowed_token_ids": (), "bad_words": ([],),
                  "return_tokens_as_token_ids": (False,), "skip_special_tokens": (True,)}
 _NEUTRAL_CHAT = {"functions": ([],), "function_call": ("", {}), "echo": (False,), "add_generation_prompt": (True,),
@@ -95,6 +94,7 @@ def engine_jobs(call: TierCall, prompts: list[list[int]], engine: LLMEngine) -> 
             raise GatewayError(400, "response_format and a guided decoding constraint cannot be combined",
                                param=guided.param)
         grammar = guided
+    bias = {int(token): float(value) for token, value in (extra.get("logit_bias") or {}).items()}
     plan = tool_plan(body) if chat else None
     if plan is not None and plan.forced is not None:    # a forced call outranks a response format
         grammar = plan.grammar(engine.tokenizer)
@@ -109,7 +109,8 @@ def engine_jobs(call: TierCall, prompts: list[list[int]], engine: LLMEngine) -> 
                 ignore_eos=body.ignore_eos, stop_token_ids=list(extra.get("stop_token_ids") or ()),
                 include_stop_str_in_output=bool(extra.get("include_stop_str_in_output")),
                 presence_penalty=body.presence_penalty or 0.0,
-                frequency_penalty=body.frequency_penalty or 0.0, logprobs=bool(want_lp), top_logprobs=top,
+                frequency_penalty=body.frequency_penalty or 0.0, logit_bias=bias,
+                repetition_penalty=extra.get("repetition_penalty") or 1.0, min_tokens=extra.get("min_tokens") or 0, logprobs=bool(want_lp), top_logprobs=top,
                 entropy=entropy, prompt_hidden=prompt_hidden,
                 prompt_hidden_rows=gate.prompt_hidden_rows if prompt_hidden else (0,), grammar=grammar)
             try:

@@ -132,13 +132,13 @@ def test_a_constraint_that_cannot_be_honoured_is_a_400_naming_it(setup, body, pa
     assert error["type"] == "invalid_request_error" and error["param"] == param, error
 
 
-@pytest.mark.parametrize("field,value", [("repetition_penalty", 1.2), ("min_tokens", 3), ("use_beam_search", True),
+@pytest.mark.parametrize("field,value", [("length_penalty", 1.5), ("use_beam_search", True),
                                          ("bad_words", ["a"]), ("allowed_token_ids", [1, 2]), ("prompt_logprobs", 1),
                                          ("truncate_prompt_tokens", 8), ("chat_template", "{{ messages }}"),
                                          ("continue_final_message", True), ("add_generation_prompt", False),
                                          ("skip_special_tokens", False), ("echo", True), ("best_of", 2),
                                          ("chat_template_kwargs", {"enable_thinking": True}),
-                                         ("logit_bias", {"100": 5}), ("functions", [{"name": "f"}]),
+                                         ("functions", [{"name": "f"}]),
                                          ("function_call", "auto")])
 def test_an_extension_no_embedded_engine_has_is_a_400_naming_it(setup, field, value):
     response = _post(setup, {field: value})
@@ -147,7 +147,7 @@ def test_an_extension_no_embedded_engine_has_is_a_400_naming_it(setup, field, va
     assert error["param"] == field and "not supported" in error["message"], error
 
 
-@pytest.mark.parametrize("field,value", [("repetition_penalty", 1.0), ("min_tokens", 0), ("use_beam_search", False),
+@pytest.mark.parametrize("field,value", [("length_penalty", 1.0), ("use_beam_search", False),
                                          ("skip_special_tokens", True), ("add_generation_prompt", True),
                                          ("guided_decoding_backend", "xgrammar"), ("metadata", {"team": "a"}),
                                          ("logit_bias", {}),
@@ -155,3 +155,46 @@ def test_an_extension_no_embedded_engine_has_is_a_400_naming_it(setup, field, va
 def test_an_extension_at_its_neutral_value_is_accepted(setup, field, value):
     response = _post(setup, {field: value})
     assert response.status_code == 200, response.text
+
+
+def _greedy(client, max_tokens, **extra):
+    out = client.chat.completions.create(model="bytes", messages=MSG, max_tokens=max_tokens, temperature=0,
+                                         extra_body=extra)
+    return out.choices[0], out.usage
+
+
+def test_logit_bias_steers_every_token(setup, client):
+    q = setup[1].token_to_id("Q")
+    choice, _ = _greedy(client, 6, logit_bias={str(q): 100})
+    assert choice.message.content == "QQQQQQ" and choice.finish_reason == "length"
+    assert "Q" not in _greedy(client, 6, logit_bias={str(q): -100})[0].message.content
+
+
+def test_repetition_penalty_counts_what_was_written(setup, client):
+    """'Q' and 'J' are in neither the prompt nor the template: the first 'Q' is free, the
+    second is divided by the penalty and falls behind 'J'."""
+    tok = setup[1]
+    bias = {str(tok.token_to_id("Q")): 100, str(tok.token_to_id("J")): 90}
+    assert _greedy(client, 2, logit_bias=bias)[0].message.content == "QQ"
+    assert _greedy(client, 2, logit_bias=bias, repetition_penalty=100)[0].message.content == "QJ"
+
+
+def test_min_tokens_holds_off_eos_and_stop_strings(setup, client):
+    tok = setup[1]
+    eos, q = tok.token_to_id("<|im_end|>"), tok.token_to_id("Q")
+    choice, usage = _greedy(client, 20, logit_bias={str(eos): 100})
+    assert (choice.message.content, choice.finish_reason, usage.completion_tokens) == ("", "stop", 1)
+    choice, usage = _greedy(client, 20, logit_bias={str(eos): 100, str(q): 90}, min_tokens=5)
+    assert (choice.message.content, choice.finish_reason, usage.completion_tokens) == ("QQQQQ", "stop", 6)
+    # a stop string inside the first min_tokens tokens does not count; the next one does
+    choice, _ = _greedy(client, 20, logit_bias={str(q): 100}, stop=["Q"], min_tokens=3)
+    assert (choice.message.content, choice.finish_reason) == ("QQQ", "stop")
+
+
+@pytest.mark.parametrize("body,param", [({"min_tokens": 6}, "min_tokens"), ({"logit_bias": {"260": 1}}, "logit_bias"),
+                                        ({"logit_bias": {"1": 101}}, "logit_bias.1"),
+                                        ({"repetition_penalty": 0}, "repetition_penalty")])
+def test_adjustments_out_of_range_are_a_400_naming_them(setup, body, param):
+    response = _post(setup, body)          # max_tokens 5; the byte model's vocabulary is 260
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == param

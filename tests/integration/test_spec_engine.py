@@ -89,6 +89,21 @@ def test_greedy_with_speculation_equals_plain_decoding(real_fp32, plain, int4_co
     _assert_no_leak(engine)
 
 
+@pytest.mark.parametrize("method", ["ngram", "self"])
+def test_logit_adjustments_with_speculation_equal_plain_decoding(real_fp32, plain, int4_copy, method):
+    """Repetition penalty, min_tokens and logit_bias reach every verified position as they reach
+    plain decoding's: the greedy outputs are the same tokens, and they differ from unadjusted ones."""
+    biased = real_fp32.tokenizer.encode(" the")[0]
+    eos = real_fp32.tokenizer.eos_token_ids
+    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0, repetition_penalty=1.3, min_tokens=MAX_TOKENS - 4,
+                            logit_bias={biased: 3.0})
+    reference = _engine(real_fp32).generate(_prompts(real_fp32), params)
+    outputs = _engine(real_fp32, _spec(method, int4_copy)).generate(_prompts(real_fp32), params)
+    assert outputs == reference
+    assert all(len(out) >= MAX_TOKENS - 4 and not eos & set(out[:MAX_TOKENS - 4]) for out in outputs)
+    assert sum(out != ref for out, ref in zip(outputs, plain)) >= len(plain) // 2
+
+
 @pytest.mark.parametrize("method", ["ngram", "draft"])
 def test_preemption_with_speculation_keeps_outputs_and_frees_everything(real_fp32, int4_copy, method):
     """All four prompts fit the pool, their 48 new tokens do not: someone must be preempted
