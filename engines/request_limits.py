@@ -30,6 +30,8 @@ class RequestLimits:
             raise InvalidRequestError(f"prompt token ids must lie in [0, {self.vocab_size})", "prompt")
         if params.logit_bias and max(params.logit_bias) >= self.vocab_size:
             raise InvalidRequestError(f"logit_bias token ids must lie in [0, {self.vocab_size})", "logit_bias")
+        if params.allowed_token_ids and max(params.allowed_token_ids) >= self.vocab_size:
+            raise InvalidRequestError(f"allowed_token_ids must lie in [0, {self.vocab_size})", "allowed_token_ids")
         total = len(prompt_ids) + params.max_tokens
         if total > self.max_model_len:
             raise ContextLengthError(

@@ -23,6 +23,9 @@ class InvalidRequestError(ValueError):
 
 MAX_REPETITION_PENALTY = 100.0
 MAX_LOGIT_BIAS = 1024
+MAX_ALLOWED_TOKEN_IDS = 1 << 18
+# Every step matches each bad word against the output's tail: their total length bounds that work.
+MAX_BAD_WORD_TOKENS = 16384
 SEED_MIN, SEED_MAX = -(1 << 63), (1 << 64) - 1      # what torch.Generator.manual_seed takes
 
 
@@ -48,6 +51,9 @@ class SamplingParams:
     repetition_penalty: float = 1.0         # 1 = off; over the prompt and the output (vLLM's meaning)
     min_tokens: int = 0                     # EOS and stop_token_ids banned, stop strings unchecked, before this many
     logit_bias: dict[int, float] = field(default_factory=dict)      # token id -> added to its logit
+    allowed_token_ids: tuple[int, ...] | None = None                # None = the whole vocabulary
+    # Token sequences the output must not complete (engines/bad_words.py reads them from words).
+    bad_words_token_ids: tuple[tuple[int, ...], ...] = ()
     logprobs: bool = False
     top_logprobs: int = 0
     # The entropy of the model's distribution at each generated token (TokenLogprob.entropy):
@@ -84,6 +90,13 @@ class SamplingParams:
             (len(self.logit_bias) <= MAX_LOGIT_BIAS
              and all(isinstance(t, int) and t >= 0 and -100.0 <= b <= 100.0 for t, b in self.logit_bias.items()),
              "logit_bias", f"must map at most {MAX_LOGIT_BIAS} token ids to biases between -100 and 100"),
+            (self.allowed_token_ids is None
+             or (0 < len(self.allowed_token_ids) <= MAX_ALLOWED_TOKEN_IDS
+                 and all(isinstance(t, int) and t >= 0 for t in self.allowed_token_ids)),
+             "allowed_token_ids", f"must be 1 to {MAX_ALLOWED_TOKEN_IDS} token ids"),
+            (sum(len(w) for w in self.bad_words_token_ids) <= MAX_BAD_WORD_TOKENS
+             and all(w and all(isinstance(t, int) and t >= 0 for t in w) for w in self.bad_words_token_ids),
+             "bad_words", f"must be words of at most {MAX_BAD_WORD_TOKENS} tokens in all"),
             (0 <= self.top_logprobs <= 20, "top_logprobs", "must be between 0 and 20"),
             (len(self.stop) <= 4 and all(isinstance(s, str) and s for s in self.stop), "stop",
              "must be at most 4 non-empty strings"),

@@ -56,10 +56,15 @@ class Sequence:
     # SamplingParams.prompt_hidden: the final hidden states of the prompt rows before its last,
     # by offset back from it, kept as the prefill chunks that compute them pass.
     prompt_hidden_parts: dict[int, torch.Tensor] = field(default_factory=dict)
+    # SamplingParams.allowed_token_ids as a tensor, built once: the list may be long, and it
+    # masks every step's logits.
+    allowed_ids: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.params.seed is not None:
             self.generator = torch.Generator().manual_seed(self.params.seed)
+        if self.params.allowed_token_ids is not None:
+            self.allowed_ids = torch.tensor(self.params.allowed_token_ids, dtype=torch.long)
 
     @property
     def all_token_ids(self) -> list[int]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 
+from engines.bad_words import bad_words_token_ids
 from engines.chat_template import ChatTemplateError
 from engines.errors import RequestTooLongError
 from engines.llm_engine import LLMEngine
@@ -23,11 +24,10 @@ from gateway.tool_plan import template_messages, tool_plan
 # prompt is built, and that no embedded engine implements: refused unless sent at a value that
 # changes nothing (the values listed; null always), so a client never gets output it did not ask
 # for. The fields left out of these tables are either honoured (logit_bias, repetition_penalty,
-# min_tokens, stop_token_ids, include_stop_str_in_output, the guided decoding fields) or change
-# nothing in the output (metadata, store, user, prompt_cache_key, ...).
+# min_tokens, allowed_token_ids, bad_words, stop_token_ids, include_stop_str_in_output, the guided
+# decoding fields) or change nothing in the output (metadata, store, user, prompt_cache_key, ...).
 _NEUTRAL_BOTH = {"use_beam_search": (False,), "length_penalty": (1, 1.0), "truncate_prompt_tokens": (),
-                 "prompt_logprobs": (), "allowed_token_ids": (), "bad_words": ([],),
-                 "return_tokens_as_token_ids": (False,), "skip_special_tokens": (True,)}
+                 "prompt_logprobs": (), "return_tokens_as_token_ids": (False,), "skip_special_tokens": (True,)}
 _NEUTRAL_CHAT = {"functions": ([],), "function_call": ("", {}), "echo": (False,), "add_generation_prompt": (True,),
                  "continue_final_message": (False,), "chat_template": (), "chat_template_kwargs": ({},),
                  "documents": ([],), "mm_processor_kwargs": ({},), "modalities": (["text"],), "audio": (),
@@ -95,6 +95,8 @@ def engine_jobs(call: TierCall, prompts: list[list[int]], engine: LLMEngine) -> 
                                param=guided.param)
         grammar = guided
     bias = {int(token): float(value) for token, value in (extra.get("logit_bias") or {}).items()}
+    allowed = extra.get("allowed_token_ids")
+    bad_words = bad_words_token_ids(engine.tokenizer, extra.get("bad_words") or [])
     plan = tool_plan(body) if chat else None
     if plan is not None and plan.forced is not None:    # a forced call outranks a response format
         grammar = plan.grammar(engine.tokenizer)
@@ -110,7 +112,8 @@ def engine_jobs(call: TierCall, prompts: list[list[int]], engine: LLMEngine) -> 
                 include_stop_str_in_output=bool(extra.get("include_stop_str_in_output")),
                 presence_penalty=body.presence_penalty or 0.0,
                 frequency_penalty=body.frequency_penalty or 0.0, logit_bias=bias,
-                repetition_penalty=extra.get("repetition_penalty") or 1.0, min_tokens=extra.get("min_tokens") or 0, logprobs=bool(want_lp), top_logprobs=top,
+                repetition_penalty=extra.get("repetition_penalty") or 1.0, min_tokens=extra.get("min_tokens") or 0,
+                allowed_token_ids=None if allowed is None else tuple(allowed), bad_words_token_ids=bad_words, logprobs=bool(want_lp), top_logprobs=top,
                 entropy=entropy, prompt_hidden=prompt_hidden,
                 prompt_hidden_rows=gate.prompt_hidden_rows if prompt_hidden else (0,), grammar=grammar)
             try:

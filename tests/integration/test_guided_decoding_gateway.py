@@ -132,8 +132,7 @@ def test_a_constraint_that_cannot_be_honoured_is_a_400_naming_it(setup, body, pa
     assert error["type"] == "invalid_request_error" and error["param"] == param, error
 
 
-@pytest.mark.parametrize("field,value", [("length_penalty", 1.5), ("use_beam_search", True),
-                                         ("bad_words", ["a"]), ("allowed_token_ids", [1, 2]), ("prompt_logprobs", 1),
+@pytest.mark.parametrize("field,value", [("length_penalty", 1.5), ("use_beam_search", True), ("prompt_logprobs", 1),
                                          ("truncate_prompt_tokens", 8), ("chat_template", "{{ messages }}"),
                                          ("continue_final_message", True), ("add_generation_prompt", False),
                                          ("skip_special_tokens", False), ("echo", True), ("best_of", 2),
@@ -191,7 +190,19 @@ def test_min_tokens_holds_off_eos_and_stop_strings(setup, client):
     assert (choice.message.content, choice.finish_reason) == ("QQQ", "stop")
 
 
+def test_allowed_token_ids_and_bad_words(setup, client):
+    tok = setup[1]
+    q, j = tok.token_to_id("Q"), tok.token_to_id("J")
+    choice, _ = _greedy(client, 8, allowed_token_ids=[q, j])
+    assert set(choice.message.content) <= {"Q", "J"} and len(choice.message.content) == 8
+    # 'Q' leads by far, but may not follow itself: every other token is the other allowed one
+    choice, _ = _greedy(client, 8, allowed_token_ids=[q, j], logit_bias={str(q): 100}, bad_words=["QQ"])
+    assert choice.message.content == "QJQJQJQJ"
+
+
 @pytest.mark.parametrize("body,param", [({"min_tokens": 6}, "min_tokens"), ({"logit_bias": {"260": 1}}, "logit_bias"),
+                                        ({"allowed_token_ids": [1, 260]}, "allowed_token_ids"),
+                                        ({"allowed_token_ids": []}, "allowed_token_ids"),
                                         ({"logit_bias": {"1": 101}}, "logit_bias.1"),
                                         ({"repetition_penalty": 0}, "repetition_penalty")])
 def test_adjustments_out_of_range_are_a_400_naming_them(setup, body, param):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from engines.bad_words import bad_words_token_ids
 from engines.engine_config import EngineConfig
 from engines.llm_engine import LLMEngine
 from engines.quantization import quantize_model
@@ -91,12 +92,14 @@ def test_greedy_with_speculation_equals_plain_decoding(real_fp32, plain, int4_co
 
 @pytest.mark.parametrize("method", ["ngram", "self"])
 def test_logit_adjustments_with_speculation_equal_plain_decoding(real_fp32, plain, int4_copy, method):
-    """Repetition penalty, min_tokens and logit_bias reach every verified position as they reach
-    plain decoding's: the greedy outputs are the same tokens, and they differ from unadjusted ones."""
-    biased = real_fp32.tokenizer.encode(" the")[0]
-    eos = real_fp32.tokenizer.eos_token_ids
+    """Repetition penalty, min_tokens, logit_bias and bad words reach every verified position as
+    they reach plain decoding's: the greedy outputs are the same tokens, and they differ from
+    unadjusted ones."""
+    tok = real_fp32.tokenizer
+    eos = tok.eos_token_ids
     params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0, repetition_penalty=1.3, min_tokens=MAX_TOKENS - 4,
-                            logit_bias={biased: 3.0})
+                            logit_bias={tok.encode(" the")[0]: 3.0},
+                            bad_words_token_ids=bad_words_token_ids(tok, ["Paris", "the cat"]))
     reference = _engine(real_fp32).generate(_prompts(real_fp32), params)
     outputs = _engine(real_fp32, _spec(method, int4_copy)).generate(_prompts(real_fp32), params)
     assert outputs == reference

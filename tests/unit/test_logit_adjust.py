@@ -1,5 +1,5 @@
-"""A request's own logit adjustments (logit_bias, min_tokens, repetition / frequency / presence
-penalties) against direct computations and transformers' processors, in plain sampling and in
+"""A request's own logit adjustments (allowed_token_ids, bad_words, logit_bias, min_tokens,
+repetition / frequency / presence penalties) against direct computations and transformers' processors, in plain sampling and in
 speculative verification, and their validation."""
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ import pytest
 import torch
 from transformers import RepetitionPenaltyLogitsProcessor
 
+from engines.bad_words import bad_words_token_ids
 from engines.grammar.spec import GrammarSpec
 from engines.request_limits import RequestLimits
 from engines.sampler import Sampler
@@ -102,11 +103,45 @@ def test_verification_applies_the_bias_and_repetition_penalty_of_each_position()
     assert v.tokens == [20, 22, 21]
 
 
+def test_allowed_token_ids_keep_only_those_and_a_bias_cannot_bring_others_back():
+    logits = _logits(seed=6)
+    seq = _seq(allowed_token_ids=(3, 17, 30), logit_bias={5: 100.0})
+    out = Sampler().adjust(logits, [seq])
+    assert torch.isfinite(out[0]).nonzero().flatten().tolist() == [3, 17, 30]
+    assert torch.equal(out[0, [3, 17, 30]], logits[0, [3, 17, 30]])
+    sampler = Sampler(seed=1)
+    picks = {sampler(logits, [Sequence("s", [1], SamplingParams(temperature=2.0, allowed_token_ids=(3, 17, 30)))]).token_ids[0]
+             for _ in range(100)}
+    assert picks <= {3, 17, 30} and len(picks) > 1
+
+
+def test_bad_words_ban_the_token_that_would_complete_them():
+    logits = torch.zeros(1, V)
+    logits[0, 9] = 5.0
+    words = ((9,), (4, 9), (2, 3, 11))          # 9 alone is banned wherever; 11 only after 2, 3
+    seq = _seq(output=[2, 3], bad_words_token_ids=words[1:])
+    assert Sampler().adjust(logits, [seq])[0, 11] == float("-inf")
+    assert Sampler().adjust(logits, [seq])[0, 9] == 5.0                 # the output does not end with 4
+    seq = _seq(output=[1, 4], bad_words_token_ids=words[1:])
+    out = Sampler().adjust(logits, [seq])
+    assert out[0, 9] == float("-inf") and out[0, 11] == 0.0
+    assert Sampler()(logits, [_seq(output=[7], bad_words_token_ids=words[:1])]).token_ids != [9]
+
+
+def test_a_grammar_row_left_with_nothing_keeps_the_grammar():
+    logits = torch.full((1, V), float("-inf"))
+    logits[0, 4] = 0.0
+    seq = _seq(allowed_token_ids=(5, 6), bad_words_token_ids=((4,),), grammar=GrammarSpec.json_object())
+    assert torch.equal(Sampler().adjust(logits, [seq]), logits)
+
+
 @pytest.mark.parametrize("kwargs,param", [
     ({"repetition_penalty": 0.0}, "repetition_penalty"), ({"repetition_penalty": 101.0}, "repetition_penalty"),
     ({"min_tokens": 33}, "min_tokens"), ({"min_tokens": -1}, "min_tokens"),
     ({"logit_bias": {3: 101.0}}, "logit_bias"), ({"logit_bias": {-1: 1.0}}, "logit_bias"),
     ({"logit_bias": {i: 1.0 for i in range(1025)}}, "logit_bias"),
+    ({"allowed_token_ids": ()}, "allowed_token_ids"), ({"allowed_token_ids": (-1,)}, "allowed_token_ids"),
+    ({"bad_words_token_ids": ((),)}, "bad_words"), ({"bad_words_token_ids": ((1,) * 16385,)}, "bad_words"),
 ])
 def test_invalid_adjustments_name_the_field(kwargs, param):
     with pytest.raises(InvalidRequestError) as info:
@@ -114,9 +149,30 @@ def test_invalid_adjustments_name_the_field(kwargs, param):
     assert info.value.param == param
 
 
-def test_a_bias_on_a_token_past_the_vocabulary_is_refused():
+@pytest.mark.parametrize("field", ["logit_bias", "allowed_token_ids"])
+def test_a_token_past_the_vocabulary_is_refused(field):
     limits = RequestLimits(vocab_size=V, max_model_len=128, block_size=16, admissible_blocks=8)
-    limits.check([1], SamplingParams(logit_bias={V - 1: 1.0}))
+    ids = {"logit_bias": lambda t: {t: 1.0}, "allowed_token_ids": lambda t: (1, t)}[field]
+    limits.check([1], SamplingParams(**{field: ids(V - 1)}))
     with pytest.raises(InvalidRequestError) as info:
-        limits.check([1], SamplingParams(logit_bias={V: 1.0}))
-    assert info.value.param == "logit_bias"
+        limits.check([1], SamplingParams(**{field: ids(V)}))
+    assert info.value.param == field
+
+
+def test_bad_words_are_read_in_both_spellings_where_the_tokenizer_has_them(real_fp32):
+    tok = real_fp32.tokenizer
+    words = bad_words_token_ids(tok, ["  Paris", "", "hello world"])
+    assert words == (tuple(tok.encode("Paris", add_special_tokens=False)), tuple(tok.encode(" Paris", add_special_tokens=False)),
+                     tuple(tok.encode("hello world", add_special_tokens=False)),
+                     tuple(tok.encode(" hello world", add_special_tokens=False)))
+    assert words[0] != words[1] and len(words[0]) == len(words[1])
+
+
+def test_a_space_of_its_own_is_not_a_second_spelling(tmp_path):
+    """A byte-level vocabulary without leading-space tokens spells ' Q' as two tokens: only 'Q' is banned."""
+    from engines.tokenizer import TextTokenizer
+    from tests.tiny_models import write_tiny_byte_checkpoint
+
+    write_tiny_byte_checkpoint(tmp_path)
+    tok = TextTokenizer.from_file(tmp_path / "tokenizer.json", {})
+    assert bad_words_token_ids(tok, ["Q"]) == ((tok.encode("Q", add_special_tokens=False)[0],),)
