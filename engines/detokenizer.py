@@ -32,17 +32,19 @@ class IncrementalDetokenizer:
         now = decode(self._ids[self._prefix_offset:])
         if len(now) <= len(before) or now.endswith("\ufffd"):
             return False
-        searched_from = max(0, len(self.text) - self._hold)
+        old_end = len(self.text)
         self.text += now[len(before):]
         # The window slides: the tokens just rendered become the context for the next ones.
         self._prefix_offset = self._read_offset
         self._read_offset = len(self._ids)
-        return check_stop and self._check_stop(searched_from)
+        return check_stop and self._check_stop(old_end)
 
-    def _check_stop(self, start: int) -> bool:
+    def _check_stop(self, old_end: int) -> bool:
+        """A stop string counts only where it reaches into the text added after `old_end`: one
+        wholly before it was searched already, or was not to be searched (min_tokens)."""
         if not self.stop:
             return False
-        found = [(i, s) for s in self.stop if (i := self.text.find(s, start)) >= 0]
+        found = [(i, s) for s in self.stop if (i := self.text.find(s, max(0, old_end - len(s) + 1))) >= 0]
         if not found:
             return False
         index, stop = min(found)

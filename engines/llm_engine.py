@@ -75,7 +75,7 @@ class LLMEngine:
         self.limits = RequestLimits(cfg.vocab_size, self.max_model_len, config.block_size,
                                     num_blocks - self.headroom_blocks)
         self.runner = ModelRunner(loaded.model, self.pool)
-        self.sampler = Sampler(config.seed, loaded.tokenizer.eos_token_ids)
+        self.sampler = Sampler(config.seed)
         self.tokenizer = loaded.tokenizer
         # Constrained requests' grammars: compiled off the engine thread (AsyncEngine awaits
         # `grammars.state_for`), or here in add_request for offline callers.
@@ -104,10 +104,9 @@ class LLMEngine:
         if params.grammar is not None and grammar is None:
             grammar = self.grammars.new_state(params.grammar)
         seq = Sequence(request_id, list(prompt_ids), params, prefix_scope=prefix_scope, priority=priority,
-                       grammar=grammar)
-        stop_ids = params.stop_token_set(self.tokenizer.eos_token_ids)
+                       grammar=grammar, eos_token_ids=self.tokenizer.eos_token_ids)
         detok = IncrementalDetokenizer(self.tokenizer, params.stop, params.include_stop_str_in_output)
-        self._requests[request_id] = TrackedRequest(seq, detok, stop_ids)
+        self._requests[request_id] = TrackedRequest(seq, detok)
         self.scheduler.add(seq)
 
     def check_request(self, prompt_ids: list[int], params: SamplingParams) -> None:
@@ -238,7 +237,7 @@ class LLMEngine:
             self.stats.generated_tokens += 1
             # Before min_tokens the sampler keeps EOS and stop tokens out, and stop strings go unchecked.
             check_stop = len(seq.output_ids) > seq.params.min_tokens
-            if token in req.stop_ids or req.detok.push(token, check_stop) or _grammar_done(seq, token):
+            if token in seq.stop_ids or req.detok.push(token, check_stop) or _grammar_done(seq, token):
                 reason = "stop"
             elif len(seq.output_ids) >= seq.params.max_tokens or seq.num_tokens >= self.max_model_len:
                 reason = "length"

@@ -32,10 +32,9 @@ class RequestOutput:
 
 @dataclass
 class TrackedRequest:
-    """A request in flight: its sequence, its text so far, the token ids that end it."""
+    """A request in flight: its sequence and its text so far."""
     seq: Sequence
     detok: IncrementalDetokenizer
-    stop_ids: frozenset[int]
 
     def delta(self, tokens: list[int], lps: list[TokenLogprob] | None, finished: bool,
               prompt_hidden: list[float] | None = None) -> RequestOutput:

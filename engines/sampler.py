@@ -71,8 +71,7 @@ class Sampler:
     """Works on logits of any device: the tensors it builds follow them, and the sampled ids
     come back to the host once per call (one .tolist())."""
 
-    def __init__(self, seed: int | None = None, eos_token_ids: frozenset[int] = frozenset()):
-        self.eos_token_ids = eos_token_ids      # what min_tokens keeps a request from sampling early
+    def __init__(self, seed: int | None = None):
         self.generator = torch.Generator()
         if seed is not None:
             self.generator.manual_seed(seed)
@@ -118,9 +117,10 @@ class Sampler:
         return apply_masks(logits, rows, unpack(bitmask, logits.shape[1]))
 
     def adjust(self, logits: torch.Tensor, seqs: list[Sequence], drafts: list[list[int]] | None = None) -> torch.Tensor:
-        """Each row's logit_bias, min_tokens and penalties (engines/logit_adjust.py); row i is
-        seqs[i] after its output plus drafts[i] when given."""
-        return adjust_logits(logits, seqs, self.eos_token_ids, drafts)
+        """Each row's own adjustments: allowed ids, bad words, logit_bias, min_tokens and
+        penalties (engines/logit_adjust.py); row i is seqs[i] after its output plus drafts[i]
+        when given."""
+        return adjust_logits(logits, seqs, drafts)
 
     @staticmethod
     def probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:

@@ -24,6 +24,7 @@ class InvalidRequestError(ValueError):
 MAX_REPETITION_PENALTY = 100.0
 MAX_LOGIT_BIAS = 1024
 MAX_ALLOWED_TOKEN_IDS = 1 << 18
+MAX_STOP_TOKEN_IDS = 4096
 # Every step matches each bad word against the output's tail: their total length bounds that work.
 MAX_BAD_WORD_TOKENS = 16384
 SEED_MIN, SEED_MAX = -(1 << 63), (1 << 64) - 1      # what torch.Generator.manual_seed takes
@@ -96,7 +97,10 @@ class SamplingParams:
              "allowed_token_ids", f"must be 1 to {MAX_ALLOWED_TOKEN_IDS} token ids"),
             (sum(len(w) for w in self.bad_words_token_ids) <= MAX_BAD_WORD_TOKENS
              and all(w and all(isinstance(t, int) and t >= 0 for t in w) for w in self.bad_words_token_ids),
-             "bad_words", f"must be words of at most {MAX_BAD_WORD_TOKENS} tokens in all"),
+             "bad_words", f"must be at most {MAX_BAD_WORD_TOKENS} tokens in all (both spellings of each word counted)"),
+            (len(self.stop_token_ids) <= MAX_STOP_TOKEN_IDS
+             and all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids), "stop_token_ids",
+             f"must be at most {MAX_STOP_TOKEN_IDS} token ids"),
             (0 <= self.top_logprobs <= 20, "top_logprobs", "must be between 0 and 20"),
             (len(self.stop) <= 4 and all(isinstance(s, str) and s for s in self.stop), "stop",
              "must be at most 4 non-empty strings"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -56,15 +56,17 @@ class Sequence:
     # SamplingParams.prompt_hidden: the final hidden states of the prompt rows before its last,
     # by offset back from it, kept as the prefill chunks that compute them pass.
     prompt_hidden_parts: dict[int, torch.Tensor] = field(default_factory=dict)
-    # SamplingParams.allowed_token_ids as a tensor, built once: the list may be long, and it
-    # masks every step's logits.
-    allowed_ids: torch.Tensor | None = None
+    # The model's EOS ids; with the request's stop_token_ids they make `stop_ids`, the tokens
+    # that end it (and that min_tokens holds off).
+    eos_token_ids: frozenset[int] = frozenset()
+    stop_ids: frozenset[int] = field(init=False)
+    # The request's logit adjustments' token sets as tensors, built on first use (engines/logit_adjust.py).
+    adjust_cache: Any = None
 
     def __post_init__(self) -> None:
         if self.params.seed is not None:
             self.generator = torch.Generator().manual_seed(self.params.seed)
-        if self.params.allowed_token_ids is not None:
-            self.allowed_ids = torch.tensor(self.params.allowed_token_ids, dtype=torch.long)
+        self.stop_ids = self.params.stop_token_set(self.eos_token_ids)
 
     @property
     def all_token_ids(self) -> list[int]:

@@ -24,6 +24,7 @@ MAX_TOKEN_ID = (1 << 31) - 1
 MAX_LIST = 4096
 MAX_NAME_CHARS = 256
 MAX_TEXT_CHARS = 1 << 20
+MAX_BAD_WORDS_CHARS = 1 << 16
 
 _TokenId = Annotated[int, Field(ge=0, le=MAX_TOKEN_ID)]
 _Name = Annotated[str, Field(max_length=MAX_NAME_CHARS)]
@@ -68,6 +69,18 @@ class _Extensions(BaseModel):
     guided_decoding_backend: _Name | None = None
     guided_whitespace_pattern: _Name | None = None
     structured_outputs: _Object | None = None
+
+    @field_validator("bad_words")
+    @classmethod
+    def _check_bad_words(cls, value):
+        # An embedded tier tokenizes every word (twice) before the request is queued: the total
+        # bounds that work. A word of spaces alone names no token to refuse.
+        if value is not None:
+            if sum(len(w) for w in value) > MAX_BAD_WORDS_CHARS:
+                raise ValueError(f"bad_words must total at most {MAX_BAD_WORDS_CHARS} characters")
+            if any(not w.strip() for w in value):
+                raise ValueError("bad_words entries must contain a character other than whitespace")
+        return value
 
     @field_validator("response_format")
     @classmethod

@@ -96,6 +96,7 @@ def engine_jobs(call: TierCall, prompts: list[list[int]], engine: LLMEngine) -> 
         grammar = guided
     bias = {int(token): float(value) for token, value in (extra.get("logit_bias") or {}).items()}
     allowed = extra.get("allowed_token_ids")
+    allowed = None if allowed is None else tuple(allowed)      # built once: it may be long
     bad_words = bad_words_token_ids(engine.tokenizer, extra.get("bad_words") or [])
     plan = tool_plan(body) if chat else None
     if plan is not None and plan.forced is not None:    # a forced call outranks a response format
@@ -113,7 +114,7 @@ def engine_jobs(call: TierCall, prompts: list[list[int]], engine: LLMEngine) -> 
                 presence_penalty=body.presence_penalty or 0.0,
                 frequency_penalty=body.frequency_penalty or 0.0, logit_bias=bias,
                 repetition_penalty=extra.get("repetition_penalty") or 1.0, min_tokens=extra.get("min_tokens") or 0,
-                allowed_token_ids=None if allowed is None else tuple(allowed), bad_words_token_ids=bad_words, logprobs=bool(want_lp), top_logprobs=top,
+                allowed_token_ids=allowed, bad_words_token_ids=bad_words, logprobs=bool(want_lp), top_logprobs=top,
                 entropy=entropy, prompt_hidden=prompt_hidden,
                 prompt_hidden_rows=gate.prompt_hidden_rows if prompt_hidden else (0,), grammar=grammar)
             try:

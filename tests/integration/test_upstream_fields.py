@@ -83,7 +83,8 @@ def test_an_unknown_field_is_dropped_or_forwarded_by_the_tier_config(setup):
 
 @pytest.mark.parametrize("field,value", [("best_of", "x"), ("guided_json", 5), ("guided_choice", [1, 2]),
                                          ("repetition_penalty", -1.0), ("stop_token_ids", ["a"]),
-                                         ("logit_bias", {"50256": 1000}), ("min_tokens", "3")])
+                                         ("logit_bias", {"50256": 1000}), ("min_tokens", "3"),
+                                         ("bad_words", ["  "]), ("bad_words", ["x" * 1024] * 65)])
 def test_a_known_extension_of_the_wrong_type_is_a_400(setup, field, value):
     gw, _ = setup
     error = _openai_error(_chat(gw, "lenient", **{field: value}))

@@ -146,15 +146,16 @@ def test_the_self_draft_follows_the_target_onto_the_device(tiny_path):
 
 
 def test_sampler_tensors_follow_the_logits(tiny_path):
-    """Logit bias, min_tokens, penalties, temperature / top-k / top-p / min-p and seeded draws on meta logits."""
+    """Logit bias, penalties, temperature / top-k / top-p / min-p and seeded draws on meta logits.
+    (Bans and allowed lists read their masked row's values, which meta tensors do not have.)"""
     logits = torch.empty(2, TINY_VOCAB, device=META)
     params = [SamplingParams(temperature=0.7, top_k=5, top_p=0.9, min_p=0.05, presence_penalty=0.5, seed=3,
                              repetition_penalty=1.3, logit_bias={4: 2.0}),
-              SamplingParams(temperature=1.2, frequency_penalty=0.2, seed=4, min_tokens=8)]
+              SamplingParams(temperature=1.2, frequency_penalty=0.2, seed=4)]
     seqs = [Sequence(f"r{i}", [1, 2], p) for i, p in enumerate(params)]
     for s in seqs:
         s.output_ids.extend([5, 6, 5])
-    sampler = Sampler(seed=0, eos_token_ids=frozenset({0}))
+    sampler = Sampler(seed=0)
     adjusted = sampler.adjust(logits, seqs)
     assert adjusted.device == META
     probs = sampler.probs(adjusted, params)

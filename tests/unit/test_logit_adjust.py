@@ -23,9 +23,9 @@ def _logits(rows: int = 1, seed: int = 0) -> torch.Tensor:
     return torch.randn(rows, V, generator=torch.Generator().manual_seed(seed)) * 3
 
 
-def _seq(prompt=(1, 2), output=(), **params) -> Sequence:
-    return Sequence("r", list(prompt), SamplingParams(temperature=0.0, max_tokens=32, **params),
-                    output_ids=list(output))
+def _seq(prompt=(1, 2), output=(), temperature=0.0, **params) -> Sequence:
+    return Sequence("r", list(prompt), SamplingParams(temperature=temperature, max_tokens=32, **params),
+                    output_ids=list(output), eos_token_ids=frozenset({EOS}))
 
 
 @pytest.mark.parametrize("penalty", [0.7, 1.3, 2.5])
@@ -33,7 +33,7 @@ def test_repetition_penalty_equals_transformers_over_prompt_and_output(penalty):
     logits = _logits(seed=4)
     seq = _seq(prompt=[3, 5, 5, 11], output=[11, 20, 3], repetition_penalty=penalty)
     expected = RepetitionPenaltyLogitsProcessor(penalty)(torch.tensor([seq.all_token_ids]), logits.clone())
-    assert torch.allclose(Sampler(eos_token_ids=frozenset({EOS})).adjust(logits, [seq]), expected)
+    assert torch.allclose(Sampler().adjust(logits, [seq]), expected)
 
 
 def test_logit_bias_is_added_to_the_listed_tokens_only():
@@ -59,13 +59,41 @@ def test_frequency_and_presence_penalties_read_the_output_only():
 def test_min_tokens_bans_eos_and_stop_tokens_until_reached():
     logits = torch.zeros(1, V)
     logits[0, EOS], logits[0, STOP], logits[0, 12] = 9.0, 8.0, 1.0
-    sampler = Sampler(eos_token_ids=frozenset({EOS}))
+    sampler = Sampler()
     for n in range(3):
         seq = _seq(output=[1] * n, min_tokens=3, stop_token_ids=[STOP, 10_000])     # an id past the vocab is harmless
         assert sampler(logits, [seq]).token_ids == [12]
     assert sampler(logits, [_seq(output=[1] * 3, min_tokens=3)]).token_ids == [EOS]
     # ignore_eos: EOS is an ordinary token, min_tokens does not touch it
     assert sampler(logits, [_seq(min_tokens=3, ignore_eos=True)]).token_ids == [EOS]
+
+
+def test_min_tokens_done_leaves_the_batch_uncopied():
+    logits = _logits(2)
+    seqs = [_seq(output=[1] * 3, min_tokens=3), _seq()]
+    assert Sampler().adjust(logits, seqs) is logits
+
+
+def test_a_mask_that_would_leave_no_token_gives_way():
+    """The request's own constraints contradict each other: the row keeps a token it allows
+    rather than sampling from nothing (greedy would take token 0, sampling a NaN distribution)."""
+    logits = _logits(seed=8)
+    for temperature in (0.0, 1.0):
+        seq = _seq(allowed_token_ids=(EOS,), min_tokens=4, temperature=temperature)
+        assert Sampler(seed=0)(logits, [seq]).token_ids == [EOS]
+        seq = _seq(output=[3], allowed_token_ids=(3, 4), bad_words_token_ids=((3,), (3, 4)), temperature=temperature)
+        assert Sampler(seed=0)(logits, [seq]).token_ids[0] in (3, 4)
+
+
+def test_the_token_sets_become_tensors_once():
+    seq = _seq(output=[5], allowed_token_ids=(3, 4, 5), bad_words_token_ids=((4,),), logit_bias={3: 1.0},
+               repetition_penalty=1.2, min_tokens=3)
+    sampler = Sampler()
+    sampler.adjust(_logits(), [seq])
+    cache = seq.adjust_cache
+    assert cache is not None and cache.allowed.tolist() == [3, 4, 5] and cache.stop.tolist() == [EOS]
+    sampler.adjust(_logits(seed=1), [seq])
+    assert seq.adjust_cache is cache
 
 
 def test_min_tokens_leaves_a_grammar_that_can_only_end():
@@ -75,7 +103,7 @@ def test_min_tokens_leaves_a_grammar_that_can_only_end():
     logits[0, EOS] = 0.0
     grammar = GrammarSpec.json_object()
     seq = _seq(min_tokens=5, grammar=grammar)
-    sampler = Sampler(eos_token_ids=frozenset({EOS}))
+    sampler = Sampler()
     assert torch.equal(sampler.adjust(logits, [seq]), logits)
     logits[0, 3] = -1.0        # another way on: the ban applies
     assert sampler(logits, [_seq(min_tokens=5, grammar=grammar)]).token_ids == [3]
@@ -86,7 +114,7 @@ def test_verification_bans_stopping_at_the_drafts_before_min_tokens():
     min_tokens is rejected, and allowed from the position that reaches it."""
     rows = torch.zeros(3, V)
     rows[:, EOS], rows[:, 12] = 5.0, 1.0
-    sampler = Sampler(eos_token_ids=frozenset({EOS}))
+    sampler = Sampler()
     seq = _seq(output=[1], min_tokens=2)
     (v,) = verify(rows, [SpecGroup(seq, 0, [EOS, 12], None)], sampler)
     assert v.num_accepted == 0 and v.tokens == [12]
