@@ -24,6 +24,7 @@ from engines.request_limits import RequestLimits
 from engines.grammar import GrammarCompiler, GrammarState
 from engines.kv_cache import KVPool
 from engines.loaded_model import LoadedModel, parse_dtype
+from engines import prompt_logprobs
 from engines.model_runner import ModelRunner
 from engines.request_output import RequestOutput, TrackedRequest
 from engines.sampler import Sampler, TokenLogprob
@@ -230,6 +231,7 @@ class LLMEngine:
         seq = req.seq
         if seq.first_token_time is None:
             seq.first_token_time = now
+        prompt_lps = prompt_logprobs.take(seq) if prompt_logprobs.wants_rows(seq) else None
         reason, taken = None, 0
         for token in tokens:
             seq.output_ids.append(token)
@@ -246,7 +248,7 @@ class LLMEngine:
         if reason:
             self._finish(req, reason)
         return req.delta(tokens[:taken], lps[:taken] if lps else None, finished=reason is not None,
-                         prompt_hidden=prompt_hidden)
+                         prompt_hidden=prompt_hidden, prompt_lps=prompt_lps)
 
     def _finish(self, req: TrackedRequest, reason: str) -> None:
         """Out of the batch and the engine at once: its blocks are free for the next step."""

@@ -18,6 +18,7 @@ from typing import Protocol
 
 import torch
 
+from engines import prompt_logprobs
 from engines.attention.paged import PagedAttention, PagedStepMetadata, build_step
 from engines.kv_cache import KVPool
 from engines.model import LlamaForCausalLM
@@ -91,6 +92,7 @@ class ModelRunner:
         chunks: list[Chunk] = []
         sampling: list[ScheduledSeq] = []
         captures: list[tuple[int, Sequence, int]] = []    # (flat row, sequence, rows back)
+        scored: list[tuple[int, Sequence, int]] = []      # (flat row, sequence, prompt position)
         flat = 0
         for s in scheduled:
             seq, start = s.seq, s.start
@@ -103,12 +105,16 @@ class ModelRunner:
             chunks.append(Chunk(seq.block_table, start, ids, s.num_rows))
             if seq.params.prompt_hidden and not seq.output_ids:
                 captures.extend(_prompt_rows_in_chunk(seq, start, s.num_tokens, flat))
+            if prompt_logprobs.wants_rows(seq):
+                scored.extend(prompt_logprobs.rows_in_chunk(seq, start, s.num_tokens, flat))
             flat += len(ids)
             if s.samples:
                 sampling.append(s)
-        logits = self.forward(chunks, [row for row, _, _ in captures])
+        logits = self.forward(chunks, [row for row, _, _ in captures] + [row for row, _, _ in scored])
         for (_, seq, back), hidden in zip(captures, self.kept_hidden):
             seq.prompt_hidden_parts[back] = hidden
+        if scored:
+            prompt_logprobs.score(self.kept_hidden[len(captures):], scored, self.model.compute_logits)
         if self._hooks:
             seconds = time.perf_counter() - started
             for hook in self._hooks:

@@ -28,6 +28,8 @@ class RequestOutput:
     spec_accepted: int = 0              # of which accepted
     # SamplingParams.prompt_hidden: the last prompt token's final hidden state, on the first delta.
     prompt_hidden: list[float] | None = None
+    # SamplingParams.prompt_logprobs: one entry per prompt token (the first's logprob None), on the first delta.
+    prompt_logprobs: list[TokenLogprob] | None = None
 
 
 @dataclass
@@ -37,7 +39,8 @@ class TrackedRequest:
     detok: IncrementalDetokenizer
 
     def delta(self, tokens: list[int], lps: list[TokenLogprob] | None, finished: bool,
-              prompt_hidden: list[float] | None = None) -> RequestOutput:
+              prompt_hidden: list[float] | None = None,
+              prompt_lps: list[TokenLogprob] | None = None) -> RequestOutput:
         seq = self.seq
         return RequestOutput(
             request_id=seq.request_id, token_ids=tokens, text=self.detok.take_delta(finished), logprobs=lps,
@@ -45,4 +48,5 @@ class TrackedRequest:
             prompt_tokens=len(seq.prompt_ids), completion_tokens=len(seq.output_ids),
             cached_tokens=seq.num_cached_prompt_tokens, scheduled_at=seq.scheduled_time,
             num_preemptions=seq.num_preemptions, preempted_at=seq.preempted_time,
-            spec_proposed=seq.spec_proposed, spec_accepted=seq.spec_accepted, prompt_hidden=prompt_hidden)
+            spec_proposed=seq.spec_proposed, spec_accepted=seq.spec_accepted, prompt_hidden=prompt_hidden,
+            prompt_logprobs=prompt_lps)

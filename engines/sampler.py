@@ -25,7 +25,7 @@ from engines.sequence import Sequence
 @dataclass
 class TokenLogprob:
     token_id: int
-    logprob: float
+    logprob: float | None          # None only for a prompt's first token (prompt logprobs): nothing predicts it
     top: list[tuple[int, float]]   # (token id, logprob), best first
     entropy: float | None = None   # nats, of the model's distribution at this position (if asked)
 

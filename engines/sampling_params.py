@@ -70,6 +70,9 @@ class SamplingParams:
     # this order.
     prompt_hidden_rows: tuple[int, ...] = (0,)
     include_stop_str_in_output: bool = False
+    # The logprob of every prompt token (and this many top alternatives) on the first delta
+    # (RequestOutput.prompt_logprobs); None = not computed.
+    prompt_logprobs: int | None = None
     # Constrained decoding (a JSON schema or a grammar): compiled by the engine's GrammarCompiler.
     grammar: GrammarSpec | None = None
 
@@ -101,6 +104,8 @@ class SamplingParams:
             (len(self.stop_token_ids) <= MAX_STOP_TOKEN_IDS
              and all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids), "stop_token_ids",
              f"must be at most {MAX_STOP_TOKEN_IDS} token ids"),
+            (self.prompt_logprobs is None or (isinstance(self.prompt_logprobs, int) and 0 <= self.prompt_logprobs <= 20),
+             "prompt_logprobs", "must be between 0 and 20"),
             (0 <= self.top_logprobs <= 20, "top_logprobs", "must be between 0 and 20"),
             (len(self.stop) <= 4 and all(isinstance(s, str) and s for s in self.stop), "stop",
              "must be at most 4 non-empty strings"),

@@ -56,6 +56,9 @@ class Sequence:
     # SamplingParams.prompt_hidden: the final hidden states of the prompt rows before its last,
     # by offset back from it, kept as the prefill chunks that compute them pass.
     prompt_hidden_parts: dict[int, torch.Tensor] = field(default_factory=dict)
+    # SamplingParams.prompt_logprobs: each prompt token's logprob by its position, as the
+    # prefill chunks that score them pass (engines/prompt_logprobs.py).
+    prompt_logprob_parts: dict[int, Any] = field(default_factory=dict)
     # The model's EOS ids; with the request's stop_token_ids they make `stop_ids`, the tokens
     # that end it (and that min_tokens holds off).
     eos_token_ids: frozenset[int] = frozenset()
@@ -87,7 +90,10 @@ class Sequence:
     @property
     def prompt_rows_to_compute(self) -> int:
         """How many of the prompt's last tokens a prefix-cache hit must leave to compute: one,
-        or every row of a prompt hidden state the request still waits for."""
+        every row of a prompt hidden state the request still waits for, or the whole prompt
+        when its logprobs are wanted (a cached block has no logits)."""
+        if self.params.prompt_logprobs is not None and not self.output_ids:
+            return len(self.prompt_ids)
         if self.params.prompt_hidden and not self.output_ids:
             return min(len(self.prompt_ids), 1 + max(self.params.prompt_hidden_rows))
         return 1

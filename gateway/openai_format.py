@@ -76,7 +76,8 @@ def completion_logprobs(lps: list[TokenLogprob], pieces: TokenPieces, offset: in
         text, _ = pieces.piece(lp.token_id)
         tokens.append(text)
         values.append(lp.logprob)
-        tops.append({pieces.piece(tid)[0]: val for tid, val in lp.top})
+        # An echoed prompt's first token has no logprob, and no alternatives (OpenAI's null).
+        tops.append(None if lp.logprob is None else {pieces.piece(tid)[0]: val for tid, val in lp.top})
         offsets.append(offset)
         offset += len(text)
     return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}

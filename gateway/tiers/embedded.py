@@ -43,7 +43,7 @@ from gateway.openai_format import (
 )
 from gateway.schema import ChatCompletionRequest
 from gateway.tiers.base import ALL_TOKEN_SIGNALS, Tier, TierAnswer, TierCall, TierFailure
-from gateway.tiers.embedded_jobs import Job, check_supported, engine_jobs, render_prompts
+from gateway.tiers.embedded_jobs import Job, check_supported, echo_texts, engine_jobs, render_prompts
 from gateway.tiers.embedded_load import build_engine, build_worker_engine, load_tier_model
 from gateway.tiers.embedded_tools import ToolChunks, apply_tool_calls
 from gateway.tool_plan import tool_plan
@@ -267,7 +267,8 @@ class EmbeddedTier(Tier):
         engine = self.engine      # this call's engine, even if a restart replaces it meanwhile
         rid = call.ctx.request_id
         scope, priority = self._scope(call)
-        results = [ChoiceResult(index) for index, _, _ in jobs]
+        echo = echo_texts(self.loaded, call.body)
+        results = [ChoiceResult(index, text=echo[index // call.body.n] if echo else "") for index, _, _ in jobs]
         waiting_first = True
         gate = call.scoring
 
@@ -285,6 +286,8 @@ class EmbeddedTier(Tier):
                         waiting_first = False
                         _first_token(call)
                     slot.text += out.text
+                    if out.prompt_logprobs:          # echo: the prompt's come first, once
+                        slot.logprobs.extend(out.prompt_logprobs)
                     if out.logprobs:
                         slot.logprobs.extend(out.logprobs)
                     slot.prompt_tokens, slot.completion_tokens = out.prompt_tokens, out.completion_tokens
@@ -330,6 +333,7 @@ class EmbeddedTier(Tier):
             call.span.queued(queue_depth=engine.stats.queue_depth)
         outputs = _merged(engine, [(f"{rid}-{i}", ids, p, i) for i, ids, p in jobs], scope, priority)
         results = {i: ChoiceResult(i) for i, _, _ in jobs}
+        echo = echo_texts(self.loaded, body)
         started = set()
         keep_text = call.span.content_allowed   # texts are kept only for an opted-in span
         events = {i: EngineEvents(call.span) for i in results}
@@ -348,17 +352,21 @@ class EmbeddedTier(Tier):
                     slot.text += out.text
                 if gate is not None:
                     _judge(gate, out)    # counted, but before its chunk is made: it may end the call
+                text, lps = out.text, out.logprobs
                 if index not in started:
                     if not started:
                         _first_token(call)
                     started.add(index)
                     if chat:
                         yield writer.role(index)
+                    if echo:                         # the prompt leads the choice's first chunk
+                        text = echo[index // body.n] + text
+                        lps = (out.prompt_logprobs or []) + (lps or [])
                 if tools is not None:
                     for chunk in tools[index].chunks(out, client_lp):
                         yield chunk
-                elif out.text or out.finished or (client_lp and out.logprobs):
-                    yield writer.delta(index, out.text, out.logprobs, out.finish_reason if out.finished else None)
+                elif text or out.finished or (client_lp and lps):
+                    yield writer.delta(index, text, lps, out.finish_reason if out.finished else None)
         except (EngineFault, InvalidRequestError) as exc:
             raise _tier_error(exc) from None
         finally:

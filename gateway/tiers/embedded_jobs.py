@@ -58,12 +58,18 @@ def render_prompts(loaded: LoadedModel, body: RequestBody) -> list[list[int]]:
     return [p if isinstance(p, list) else loaded.tokenizer.encode(p) for p in body.prompts()]
 
 
+def echo_texts(loaded: LoadedModel, body: RequestBody) -> list[str] | None:
+    """Completions with `echo`: the text each prompt's choices begin with (the prompt as sent;
+    token ids decoded). None when nothing is echoed."""
+    if isinstance(body, ChatCompletionRequest) or not body.echo:
+        return None
+    return [p if isinstance(p, str) else loaded.tokenizer.decode(p) for p in body.prompts()]
+
+
 def check_supported(body: RequestBody) -> None:
     extra = body.model_extra or {}
     chat = isinstance(body, ChatCompletionRequest)
     if not chat:
-        if body.echo:
-            raise GatewayError(400, "echo is not supported by embedded tiers", param="echo")
         if body.suffix:
             raise GatewayError(400, "suffix is not supported by embedded tiers", param="suffix")
     neutral = _NEUTRAL_BOTH | (_NEUTRAL_CHAT if chat else {})
@@ -85,6 +91,8 @@ def engine_jobs(call: TierCall, prompts: list[list[int]], engine: LLMEngine) -> 
     entropy = gate is not None and gate.wants_entropy
     prompt_hidden = gate is not None and gate.wants_prompt_hidden
     top = body.num_top_logprobs if chat else (body.logprobs or 0)
+    # An echoed prompt comes with its tokens' logprobs when the client asked for logprobs.
+    prompt_lps = top if not chat and body.echo and body.logprobs is not None else None
     limit = engine.max_model_len
     extra = body.model_extra or {}
     grammar = response_format_grammar(extra.get("response_format"))
@@ -115,7 +123,7 @@ def engine_jobs(call: TierCall, prompts: list[list[int]], engine: LLMEngine) -> 
                 frequency_penalty=body.frequency_penalty or 0.0, logit_bias=bias,
                 repetition_penalty=extra.get("repetition_penalty") or 1.0, min_tokens=extra.get("min_tokens") or 0,
                 allowed_token_ids=allowed, bad_words_token_ids=bad_words, logprobs=bool(want_lp), top_logprobs=top,
-                entropy=entropy, prompt_hidden=prompt_hidden,
+                entropy=entropy, prompt_hidden=prompt_hidden, prompt_logprobs=prompt_lps,
                 prompt_hidden_rows=gate.prompt_hidden_rows if prompt_hidden else (0,), grammar=grammar)
             try:
                 engine.check_request(ids, params)

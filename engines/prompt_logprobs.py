@@ -1,0 +1,57 @@
+"""The logprob of every prompt token under the model (SamplingParams.prompt_logprobs): what
+completions' `echo` with `logprobs` returns, and what scoring tools (lm-evaluation-harness'
+loglikelihood) read.
+
+The row at prompt position p predicts token p + 1, so each prefill chunk yields the logprobs of
+the tokens after its rows, the prompt's last row excepted (it predicts the first generated
+token, and is sampled as usual). Such a request's prompt is computed whole, never read from the
+prefix cache (Sequence.prompt_rows_to_compute): a cached block has no logits. The logits of a
+chunk's rows are made a few rows at a time, so a long chunk never holds a [rows, vocabulary]
+tensor at once; the work is the lm-head product per prompt token, bounded per step by the
+batch's token budget like the rest of the prefill.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from engines.sampler import TokenLogprob
+from engines.sequence import Sequence
+
+ROWS_PER_PASS = 64
+
+
+def wants_rows(seq: Sequence) -> bool:
+    return seq.params.prompt_logprobs is not None and not seq.output_ids
+
+
+def rows_in_chunk(seq: Sequence, start: int, num_tokens: int, flat: int) -> list[tuple[int, Sequence, int]]:
+    """(flat row, sequence, position) for the chunk's rows that predict a prompt token."""
+    end = min(start + num_tokens, len(seq.prompt_ids) - 1)
+    return [(flat + p - start, seq, p) for p in range(start, end)]
+
+
+def score(hidden: torch.Tensor, rows: list[tuple[int, Sequence, int]],
+          compute_logits: Callable[[torch.Tensor], torch.Tensor]) -> None:
+    """Each row's next prompt token's logprob (and top alternatives), kept on its sequence by
+    the position of the token it scores (a recomputed prefill overwrites, never duplicates)."""
+    for begin in range(0, len(rows), ROWS_PER_PASS):
+        part = rows[begin:begin + ROWS_PER_PASS]
+        lp = torch.log_softmax(compute_logits(hidden[begin:begin + len(part)]).float(), dim=-1)
+        targets = torch.tensor([seq.prompt_ids[p + 1] for _, seq, p in part], device=lp.device)
+        chosen = lp.gather(1, targets.unsqueeze(1)).squeeze(1).tolist()
+        k = max(seq.params.prompt_logprobs for _, seq, _ in part)
+        top_vals, top_ids = (t.tolist() for t in lp.topk(k, dim=-1)) if k else ([[]] * len(part), [[]] * len(part))
+        for j, (_, seq, p) in enumerate(part):
+            n = seq.params.prompt_logprobs
+            seq.prompt_logprob_parts[p + 1] = TokenLogprob(
+                seq.prompt_ids[p + 1], chosen[j], list(zip(top_ids[j][:n], top_vals[j][:n])))
+
+
+def take(seq: Sequence) -> list[TokenLogprob]:
+    """The prompt's logprobs in order (the first token's logprob None: nothing predicts it),
+    handed over once: the sequence keeps no copy."""
+    parts, seq.prompt_logprob_parts = seq.prompt_logprob_parts, {}
+    return [TokenLogprob(seq.prompt_ids[0], None, [])] + [parts[p] for p in range(1, len(seq.prompt_ids))]

@@ -1,0 +1,104 @@
+"""Completions' `echo` on an embedded tier, over real HTTP with the official openai client: the
+prompt leads each choice's text, and with `logprobs` its tokens lead the logprobs with their
+logprobs under the model (transformers' over the prompt, the first token's null), streamed or
+not, from a text or token-id prompt, cached or not. The tier is the tiny byte-level Llama."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+import torch
+from tokenizers import Tokenizer
+
+from tests.gateway_harness import RunningGateway, byte_model_config
+
+PROMPT = "The cat sat on"
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    from tests.tiny_models import write_tiny_byte_checkpoint
+
+    tmp = tmp_path_factory.mktemp("echo-gw")
+    hf = write_tiny_byte_checkpoint(tmp / "bytes", seed=4, initializer_range=0.2).eval()
+    path = tmp / "gateway.yaml"
+    path.write_text(byte_model_config(tmp / "bytes"))
+    gw = RunningGateway(path)
+    yield gw, Tokenizer.from_file(str(tmp / "bytes" / "tokenizer.json")), hf
+    gw.stop()
+
+
+@pytest.fixture(scope="module")
+def client(setup):
+    return openai.OpenAI(base_url=f"{setup[0].base}/v1", api_key="unused", max_retries=0)
+
+
+def _complete(client, prompt=PROMPT, **kwargs):
+    args = {"model": "bytes", "prompt": prompt, "max_tokens": 4, "temperature": 0, **kwargs}
+    return client.completions.create(**args)
+
+
+def _expected(hf, ids):
+    with torch.no_grad():
+        return torch.log_softmax(hf(torch.tensor([ids])).logits[0].float(), -1)
+
+
+def test_echo_puts_the_prompt_before_the_completion(client):
+    plain = _complete(client).choices[0]
+    echoed = _complete(client, echo=True).choices[0]
+    assert echoed.text == PROMPT + plain.text and echoed.logprobs is None
+
+
+def test_echo_with_logprobs_scores_every_prompt_token(setup, client):
+    _, tok, hf = setup
+    ids = tok.encode(PROMPT).ids
+    plain = _complete(client, logprobs=2).choices[0].logprobs
+    lp = _complete(client, echo=True, logprobs=2).choices[0].logprobs
+    n = len(ids)
+    assert lp.tokens[:n] == list(PROMPT) and lp.tokens[n:] == plain.tokens
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    expected = _expected(hf, ids)
+    assert lp.token_logprobs[1:n] == pytest.approx([float(expected[p - 1, ids[p]]) for p in range(1, n)], abs=1e-4)
+    for p in range(1, n):
+        values, order = expected[p - 1].topk(2)
+        assert lp.top_logprobs[p] == pytest.approx(dict(zip((tok.decode([t], skip_special_tokens=False) for t in order.tolist()), values.tolist())),
+                                                   abs=1e-4)
+    assert lp.token_logprobs[n:] == pytest.approx(plain.token_logprobs, abs=1e-5)
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(len(lp.tokens))]
+
+
+def test_a_cached_prompt_still_gets_its_logprobs(setup, client):
+    _complete(client, prompt=PROMPT * 4)                       # the prompt's blocks are cached now
+    lp = _complete(client, prompt=PROMPT * 4, echo=True, logprobs=0).choices[0].logprobs
+    ids = setup[1].encode(PROMPT * 4).ids
+    expected = _expected(setup[2], ids)
+    assert lp.token_logprobs[1:len(ids)] == pytest.approx([float(expected[p - 1, ids[p]]) for p in range(1, len(ids))],
+                                                          abs=1e-4)
+
+
+def test_streamed_echo_equals_the_whole_answer(client):
+    whole = _complete(client, echo=True, logprobs=1, n=2, seed=3, temperature=0.8)
+    chunks = list(_complete(client, echo=True, logprobs=1, n=2, seed=3, temperature=0.8, stream=True))
+    for choice in whole.choices:
+        mine = [c.choices[0] for c in chunks if c.choices and c.choices[0].index == choice.index]
+        assert "".join(c.text for c in mine) == choice.text and choice.text.startswith(PROMPT)
+        assert [t for c in mine if c.logprobs for t in c.logprobs.tokens] == choice.logprobs.tokens
+        streamed = [v for c in mine if c.logprobs for v in c.logprobs.token_logprobs]
+        assert streamed[0] is None and choice.logprobs.token_logprobs[0] is None
+        assert streamed[1:] == pytest.approx(choice.logprobs.token_logprobs[1:], abs=1e-4)
+        n = len(PROMPT)        # the prompt's offsets; later ones follow each stream's own text
+        assert [o for c in mine if c.logprobs for o in c.logprobs.text_offset][:n] == choice.logprobs.text_offset[:n]
+
+
+def test_each_prompt_echoes_its_own_text(setup, client):
+    ids = setup[1].encode("dog").ids
+    out = _complete(client, prompt=[ids, ids[:1]], echo=True)
+    texts = {c.index: c.text for c in out.choices}
+    assert texts[0].startswith("dog") and texts[1].startswith("d") and not texts[1].startswith("dog")
+
+
+def test_chat_echo_is_still_refused(setup):
+    response = httpx.post(f"{setup[0].base}/v1/chat/completions", timeout=60,
+                          json={"model": "bytes", "messages": [{"role": "user", "content": "hi"}], "echo": True})
+    assert response.status_code == 400 and response.json()["error"]["param"] == "echo"

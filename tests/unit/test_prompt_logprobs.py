@@ -1,0 +1,104 @@
+"""Prompt logprobs in the batching engine on a tiny random Llama (fp32): every prompt token's
+logprob and top alternatives equal transformers' over the whole prompt, whether the prefill is
+chunked, batched with other requests or the prompt is in the prefix cache (it is then computed
+again: a cached block has no logits); the generated tokens are those of the same request without
+them, and nothing leaks."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from engines.engine_config import EngineConfig
+from engines.llm_engine import LLMEngine
+from engines.loaded_model import load_model
+from engines.sampling_params import InvalidRequestError, SamplingParams
+from tests.tiny_models import TINY_VOCAB, write_tiny_checkpoint
+
+TOP = 3
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny-prompt-lp")
+    hf = write_tiny_checkpoint(path, seed=5, initializer_range=0.2)
+    return load_model(path, "float32"), hf.eval()
+
+
+def _prompts():
+    rng = random.Random(9)
+    return [[rng.randrange(3, TINY_VOCAB) for _ in range(n)] for n in (1, 5, 17, 40, 90)]
+
+
+def _engine(loaded) -> LLMEngine:
+    # 16 tokens a step: the longer prompts are prefilled in several chunks.
+    return LLMEngine(loaded, EngineConfig(kv_cache_memory_bytes=2**20, max_num_batched_tokens=16, max_num_seqs=8))
+
+
+def _run(engine, requests):
+    outputs = {rid: [] for rid, _, _ in requests}
+    for rid, ids, params in requests:
+        engine.add_request(rid, ids, params)
+    while engine.has_unfinished():
+        for out in engine.step():
+            outputs[out.request_id].append(out)
+    return outputs
+
+
+def _check(hf, ids, lps):
+    assert len(lps) == len(ids) and [lp.token_id for lp in lps] == ids
+    assert lps[0].logprob is None and lps[0].top == []
+    if len(ids) == 1:
+        return
+    with torch.no_grad():
+        expected = torch.log_softmax(hf(torch.tensor([ids])).logits[0].float(), -1)
+    for p in range(1, len(ids)):
+        assert lps[p].logprob == pytest.approx(float(expected[p - 1, ids[p]]), abs=1e-4)
+        values, order = expected[p - 1].topk(TOP)
+        assert [t for t, _ in lps[p].top] == order.tolist()
+        assert [v for _, v in lps[p].top] == pytest.approx(values.tolist(), abs=1e-4)
+
+
+def test_prompt_logprobs_equal_transformers_in_chunks_and_batches(tiny):
+    loaded, hf = tiny
+    engine = _engine(loaded)
+    asked = SamplingParams(max_tokens=4, temperature=0, prompt_logprobs=TOP)
+    plain = SamplingParams(max_tokens=4, temperature=0)
+    requests = [(f"lp{i}", ids, asked) for i, ids in enumerate(_prompts())]
+    requests += [(f"plain{i}", ids, plain) for i, ids in enumerate(_prompts())]
+    outputs = _run(engine, requests)
+    for i, ids in enumerate(_prompts()):
+        deltas = outputs[f"lp{i}"]
+        assert [d.prompt_logprobs is not None for d in deltas] == [True] + [False] * (len(deltas) - 1)
+        _check(hf, ids, deltas[0].prompt_logprobs)
+        tokens = [t for d in deltas for t in d.token_ids]
+        assert tokens == [t for d in outputs[f"plain{i}"] for t in d.token_ids]
+        assert all(d.prompt_logprobs is None for d in outputs[f"plain{i}"])
+    engine.block_manager.check_invariants([])
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+
+
+def test_a_cached_prompt_is_computed_again_for_its_logprobs(tiny):
+    loaded, hf = tiny
+    engine = _engine(loaded)
+    ids = _prompts()[-1]
+    _run(engine, [("warm", ids, SamplingParams(max_tokens=2, temperature=0))])
+    again = _run(engine, [("hit", ids, SamplingParams(max_tokens=2, temperature=0))])["hit"]
+    assert again[-1].cached_tokens > 0                     # the prompt's blocks are cached
+    deltas = _run(engine, [("lp", ids, SamplingParams(max_tokens=2, temperature=0, prompt_logprobs=0))])["lp"]
+    assert deltas[-1].cached_tokens == 0
+    lps = deltas[0].prompt_logprobs
+    assert all(lp.top == [] for lp in lps)
+    with torch.no_grad():
+        expected = torch.log_softmax(hf(torch.tensor([ids])).logits[0].float(), -1)
+    assert [lp.logprob for lp in lps[1:]] == pytest.approx([float(expected[p - 1, ids[p]]) for p in range(1, len(ids))],
+                                                          abs=1e-4)
+
+
+@pytest.mark.parametrize("value", [-1, 21])
+def test_prompt_logprobs_out_of_range_name_the_field(value):
+    with pytest.raises(InvalidRequestError) as info:
+        SamplingParams(prompt_logprobs=value).validate()
+    assert info.value.param == "prompt_logprobs"
