@@ -1,6 +1,6 @@
-"""The logprob of every prompt token under the model (SamplingParams.prompt_logprobs): what
-completions' `echo` with `logprobs` returns, and what scoring tools (lm-evaluation-harness'
-loglikelihood) read.
+"""The logprob of every prompt token under the model (SamplingParams.prompt_logprobs), with its
+rank and the top alternatives: what completions' `echo` with `logprobs` and vLLM's
+`prompt_logprobs` return, and what scoring tools (lm-evaluation-harness' loglikelihood) read.
 
 The row at prompt position p predicts token p + 1, so each prefill chunk yields the logprobs of
 the tokens after its rows, the prompt's last row excepted (it predicts the first generated
@@ -41,13 +41,15 @@ def score(hidden: torch.Tensor, rows: list[tuple[int, Sequence, int]],
         part = rows[begin:begin + ROWS_PER_PASS]
         lp = torch.log_softmax(compute_logits(hidden[begin:begin + len(part)]).float(), dim=-1)
         targets = torch.tensor([seq.prompt_ids[p + 1] for _, seq, p in part], device=lp.device)
-        chosen = lp.gather(1, targets.unsqueeze(1)).squeeze(1).tolist()
+        chosen_t = lp.gather(1, targets.unsqueeze(1))
+        ranks = ((lp > chosen_t).sum(dim=-1) + 1).tolist()
+        chosen = chosen_t.squeeze(1).tolist()
         k = max(seq.params.prompt_logprobs for _, seq, _ in part)
         top_vals, top_ids = (t.tolist() for t in lp.topk(k, dim=-1)) if k else ([[]] * len(part), [[]] * len(part))
         for j, (_, seq, p) in enumerate(part):
             n = seq.params.prompt_logprobs
             seq.prompt_logprob_parts[p + 1] = TokenLogprob(
-                seq.prompt_ids[p + 1], chosen[j], list(zip(top_ids[j][:n], top_vals[j][:n])))
+                seq.prompt_ids[p + 1], chosen[j], list(zip(top_ids[j][:n], top_vals[j][:n])), rank=ranks[j])
 
 
 def take(seq: Sequence) -> list[TokenLogprob]:

@@ -28,6 +28,7 @@ class TokenLogprob:
     logprob: float | None          # None only for a prompt's first token (prompt logprobs): nothing predicts it
     top: list[tuple[int, float]]   # (token id, logprob), best first
     entropy: float | None = None   # nats, of the model's distribution at this position (if asked)
+    rank: int | None = None        # the token's rank in that distribution, 1 = likeliest (prompt logprobs)
 
 
 @dataclass

@@ -83,6 +83,18 @@ def completion_logprobs(lps: list[TokenLogprob], pieces: TokenPieces, offset: in
     return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}
 
 
+def vllm_prompt_logprobs(lps: list[TokenLogprob], pieces: TokenPieces, top: int) -> list[dict | None]:
+    """vLLM's `prompt_logprobs`: null for the first token, then per token a map from token id
+    to its logprob, rank and text: the prompt's own token and the `top` likeliest."""
+    out: list[dict | None] = [None]
+    for lp in lps[1:]:
+        entry = {str(lp.token_id): {"logprob": lp.logprob, "rank": lp.rank, "decoded_token": pieces.piece(lp.token_id)[0]}}
+        for rank, (tid, value) in enumerate(lp.top[:top], start=1):
+            entry.setdefault(str(tid), {"logprob": value, "rank": rank, "decoded_token": pieces.piece(tid)[0]})
+        out.append(entry)
+    return out
+
+
 @dataclass
 class ChoiceResult:
     index: int
@@ -93,6 +105,7 @@ class ChoiceResult:
     completion_tokens: int = 0
     cached_tokens: int = 0
     tool_calls: list[dict] | None = None     # parsed from the text (gateway/tool_calls.py); text is then the rest
+    prompt_logprobs: list[dict | None] | None = None    # vLLM's, rendered, when the request asked
 
 
 def finish_reason(engine_reason: str | None, called: bool = False) -> str | None:
@@ -120,6 +133,8 @@ def chat_body(rid: str, created: int, model: str, choices: list[ChoiceResult], u
             "finish_reason": finish_reason(c.finish_reason, bool(c.tool_calls)),
         } for c in choices],
         "usage": usage,
+        # vLLM puts a chat's prompt logprobs beside the choices: every choice has the same prompt.
+        **({"prompt_logprobs": choices[0].prompt_logprobs} if choices and choices[0].prompt_logprobs is not None else {}),
     }
 
 
@@ -131,6 +146,7 @@ def completion_body(rid: str, created: int, model: str, choices: list[ChoiceResu
             "index": c.index, "text": c.text,
             "logprobs": completion_logprobs(c.logprobs, pieces) if pieces is not None else None,
             "finish_reason": finish_reason(c.finish_reason),
+            **({"prompt_logprobs": c.prompt_logprobs} if c.prompt_logprobs is not None else {}),
         } for c in choices],
         "usage": usage,
     }

@@ -40,10 +40,18 @@ from gateway.openai_format import (
     chat_body,
     completion_body,
     json_bytes,
+    vllm_prompt_logprobs,
 )
 from gateway.schema import ChatCompletionRequest
 from gateway.tiers.base import ALL_TOKEN_SIGNALS, Tier, TierAnswer, TierCall, TierFailure
-from gateway.tiers.embedded_jobs import Job, check_supported, echo_texts, engine_jobs, render_prompts
+from gateway.tiers.embedded_jobs import (
+    Job,
+    check_supported,
+    echo_texts,
+    engine_jobs,
+    prompt_logprobs_asked,
+    render_prompts,
+)
 from gateway.tiers.embedded_load import build_engine, build_worker_engine, load_tier_model
 from gateway.tiers.embedded_tools import ToolChunks, apply_tool_calls
 from gateway.tool_plan import tool_plan
@@ -271,6 +279,9 @@ class EmbeddedTier(Tier):
         results = [ChoiceResult(index, text=echo[index // call.body.n] if echo else "") for index, _, _ in jobs]
         waiting_first = True
         gate = call.scoring
+        chat = isinstance(call.body, ChatCompletionRequest)
+        client_lp = call.body.logprobs if chat else call.body.logprobs is not None
+        prompt_top = prompt_logprobs_asked(call.body)
 
         async def run(slot: ChoiceResult, ids: list[int], params: SamplingParams) -> None:
             nonlocal waiting_first
@@ -286,8 +297,11 @@ class EmbeddedTier(Tier):
                         waiting_first = False
                         _first_token(call)
                     slot.text += out.text
-                    if out.prompt_logprobs:          # echo: the prompt's come first, once
-                        slot.logprobs.extend(out.prompt_logprobs)
+                    if out.prompt_logprobs:          # on the first delta only
+                        if echo and client_lp:       # the echoed prompt's logprobs come first
+                            slot.logprobs.extend(out.prompt_logprobs)
+                        if prompt_top is not None:
+                            slot.prompt_logprobs = vllm_prompt_logprobs(out.prompt_logprobs, self.pieces, prompt_top)
                     if out.logprobs:
                         slot.logprobs.extend(out.logprobs)
                     slot.prompt_tokens, slot.completion_tokens = out.prompt_tokens, out.completion_tokens
@@ -309,11 +323,9 @@ class EmbeddedTier(Tier):
             raise
         usage = _usage(results, call.body.n)
         _finish_span(call, results, usage)
-        chat = isinstance(call.body, ChatCompletionRequest)
         plan = tool_plan(call.body) if chat else None
         if plan is not None:
             apply_tool_calls(results, plan)
-        client_lp = call.body.logprobs if chat else call.body.logprobs is not None
         pieces = self.pieces if client_lp else None
         build = chat_body if chat else completion_body
         body = build(_response_id(call), int(time.time()), call.alias, results, usage.as_openai(), pieces)
@@ -361,7 +373,8 @@ class EmbeddedTier(Tier):
                         yield writer.role(index)
                     if echo:                         # the prompt leads the choice's first chunk
                         text = echo[index // body.n] + text
-                        lps = (out.prompt_logprobs or []) + (lps or [])
+                        if client_lp:
+                            lps = (out.prompt_logprobs or []) + (lps or [])
                 if tools is not None:
                     for chunk in tools[index].chunks(out, client_lp):
                         yield chunk

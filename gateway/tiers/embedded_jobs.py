@@ -24,10 +24,10 @@ from gateway.tool_plan import template_messages, tool_plan
 # prompt is built, and that no embedded engine implements: refused unless sent at a value that
 # changes nothing (the values listed; null always), so a client never gets output it did not ask
 # for. The fields left out of these tables are either honoured (logit_bias, repetition_penalty,
-# min_tokens, allowed_token_ids, bad_words, stop_token_ids, include_stop_str_in_output, the guided
-# decoding fields) or change nothing in the output (metadata, store, user, prompt_cache_key, ...).
+# min_tokens, allowed_token_ids, bad_words, stop_token_ids, include_stop_str_in_output,
+# prompt_logprobs, the guided decoding fields) or change nothing in the output (metadata, store, user, prompt_cache_key, ...).
 _NEUTRAL_BOTH = {"use_beam_search": (False,), "length_penalty": (1, 1.0), "truncate_prompt_tokens": (),
-                 "prompt_logprobs": (), "return_tokens_as_token_ids": (False,), "skip_special_tokens": (True,)}
+                 "return_tokens_as_token_ids": (False,), "skip_special_tokens": (True,)}
 _NEUTRAL_CHAT = {"functions": ([],), "function_call": ("", {}), "echo": (False,), "add_generation_prompt": (True,),
                  "continue_final_message": (False,), "chat_template": (), "chat_template_kwargs": ({},),
                  "documents": ([],), "mm_processor_kwargs": ({},), "modalities": (["text"],), "audio": (),
@@ -66,6 +66,11 @@ def echo_texts(loaded: LoadedModel, body: RequestBody) -> list[str] | None:
     return [p if isinstance(p, str) else loaded.tokenizer.decode(p) for p in body.prompts()]
 
 
+def prompt_logprobs_asked(body: RequestBody) -> int | None:
+    """vLLM's `prompt_logprobs`: how many alternatives per prompt token (None: not asked)."""
+    return (body.model_extra or {}).get("prompt_logprobs")
+
+
 def check_supported(body: RequestBody) -> None:
     extra = body.model_extra or {}
     chat = isinstance(body, ChatCompletionRequest)
@@ -76,6 +81,9 @@ def check_supported(body: RequestBody) -> None:
     for name, value in extra.items():
         if name in neutral and value is not None and value not in neutral[name]:
             raise GatewayError(400, f"'{name}' is not supported by embedded tiers", param=name)
+    if extra.get("prompt_logprobs") is not None and body.stream:
+        # As vLLM: they would come before any token, and no chunk shape carries them.
+        raise GatewayError(400, "prompt_logprobs is not supported with stream", param="prompt_logprobs")
     best_of = extra.get("best_of") if chat else body.best_of     # a vLLM extension in chat, modelled in completions
     if best_of is not None and best_of != body.n:
         raise GatewayError(400, "best_of other than n is not supported", param="best_of")
@@ -91,8 +99,11 @@ def engine_jobs(call: TierCall, prompts: list[list[int]], engine: LLMEngine) -> 
     entropy = gate is not None and gate.wants_entropy
     prompt_hidden = gate is not None and gate.wants_prompt_hidden
     top = body.num_top_logprobs if chat else (body.logprobs or 0)
-    # An echoed prompt comes with its tokens' logprobs when the client asked for logprobs.
-    prompt_lps = top if not chat and body.echo and body.logprobs is not None else None
+    # The prompt's logprobs, for an echoed prompt when the client asked for logprobs, and for
+    # vLLM's prompt_logprobs: one engine field, with the larger of the two top counts.
+    asked = [k for k in (top if not chat and body.echo and body.logprobs is not None else None,
+                         prompt_logprobs_asked(body)) if k is not None]
+    prompt_lps = max(asked) if asked else None
     limit = engine.max_model_len
     extra = body.model_extra or {}
     grammar = response_format_grammar(extra.get("response_format"))

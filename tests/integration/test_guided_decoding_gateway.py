@@ -132,7 +132,7 @@ def test_a_constraint_that_cannot_be_honoured_is_a_400_naming_it(setup, body, pa
     assert error["type"] == "invalid_request_error" and error["param"] == param, error
 
 
-@pytest.mark.parametrize("field,value", [("length_penalty", 1.5), ("use_beam_search", True), ("prompt_logprobs", 1),
+@pytest.mark.parametrize("field,value", [("length_penalty", 1.5), ("use_beam_search", True),
                                          ("truncate_prompt_tokens", 8), ("chat_template", "{{ messages }}"),
                                          ("continue_final_message", True), ("add_generation_prompt", False),
                                          ("skip_special_tokens", False), ("echo", True), ("best_of", 2),

@@ -1,5 +1,5 @@
 """Prompt logprobs in the batching engine on a tiny random Llama (fp32): every prompt token's
-logprob and top alternatives equal transformers' over the whole prompt, whether the prefill is
+logprob, rank and top alternatives equal transformers' over the whole prompt, whether the prefill is
 chunked, batched with other requests or the prompt is in the prefix cache (it is then computed
 again: a cached block has no logits); the generated tokens are those of the same request without
 them, and nothing leaks."""
@@ -56,6 +56,7 @@ def _check(hf, ids, lps):
         expected = torch.log_softmax(hf(torch.tensor([ids])).logits[0].float(), -1)
     for p in range(1, len(ids)):
         assert lps[p].logprob == pytest.approx(float(expected[p - 1, ids[p]]), abs=1e-4)
+        assert lps[p].rank == int((expected[p - 1] > expected[p - 1, ids[p]]).sum()) + 1
         values, order = expected[p - 1].topk(TOP)
         assert [t for t, _ in lps[p].top] == order.tolist()
         assert [v for _, v in lps[p].top] == pytest.approx(values.tolist(), abs=1e-4)

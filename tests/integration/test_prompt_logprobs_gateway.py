@@ -1,7 +1,9 @@
-"""Completions' `echo` on an embedded tier, over real HTTP with the official openai client: the
-prompt leads each choice's text, and with `logprobs` its tokens lead the logprobs with their
-logprobs under the model (transformers' over the prompt, the first token's null), streamed or
-not, from a text or token-id prompt, cached or not. The tier is the tiny byte-level Llama."""
+"""Prompt logprobs on an embedded tier, over real HTTP with the official openai client.
+Completions' `echo`: the prompt leads each choice's text, and with `logprobs` its tokens lead the
+logprobs with their logprobs under the model (transformers' over the prompt, the first token's
+null), streamed or not, from a text or token-id prompt, cached or not. vLLM's `prompt_logprobs`:
+per prompt token its logprob and rank and the top alternatives, in completions' choices and
+beside a chat's. The tier is the tiny byte-level Llama."""
 
 from __future__ import annotations
 
@@ -102,3 +104,37 @@ def test_chat_echo_is_still_refused(setup):
     response = httpx.post(f"{setup[0].base}/v1/chat/completions", timeout=60,
                           json={"model": "bytes", "messages": [{"role": "user", "content": "hi"}], "echo": True})
     assert response.status_code == 400 and response.json()["error"]["param"] == "echo"
+
+
+def test_vllm_prompt_logprobs_in_a_completion(setup, client):
+    _, tok, hf = setup
+    ids = tok.encode(PROMPT).ids
+    out = _complete(client, extra_body={"prompt_logprobs": 2}).choices[0]
+    plp = out.prompt_logprobs
+    assert len(plp) == len(ids) and plp[0] is None
+    expected = _expected(hf, ids)
+    for p in range(1, len(ids)):
+        row = expected[p - 1]
+        mine = plp[p][str(ids[p])]
+        assert mine["logprob"] == pytest.approx(float(row[ids[p]]), abs=1e-4)
+        assert mine["rank"] == int((row > row[ids[p]]).sum()) + 1 and mine["decoded_token"] == PROMPT[p]
+        by_rank = sorted(plp[p].values(), key=lambda v: v["rank"])
+        assert [v["rank"] for v in by_rank[:2]] == [1, 2]
+        assert [v["logprob"] for v in by_rank[:2]] == pytest.approx(row.topk(2).values.tolist(), abs=1e-4)
+        assert len(plp[p]) == (2 if mine["rank"] <= 2 else 3)
+
+
+def test_vllm_prompt_logprobs_beside_a_chat(client):
+    out = client.chat.completions.create(model="bytes", messages=[{"role": "user", "content": "hi"}], max_tokens=2,
+                                         extra_body={"prompt_logprobs": 0})
+    plp = out.prompt_logprobs
+    assert len(plp) == out.usage.prompt_tokens and plp[0] is None
+    assert all(len(entry) == 1 and next(iter(entry.values()))["rank"] >= 1 for entry in plp[1:])
+
+
+@pytest.mark.parametrize("path,body", [("completions", {"prompt": PROMPT}),
+                                       ("chat/completions", {"messages": [{"role": "user", "content": "hi"}]})])
+def test_vllm_prompt_logprobs_with_stream_is_a_400(setup, path, body):
+    response = httpx.post(f"{setup[0].base}/v1/{path}", timeout=60,
+                          json={"model": "bytes", "stream": True, "prompt_logprobs": 1, **body})
+    assert response.status_code == 400 and response.json()["error"]["param"] == "prompt_logprobs"
