@@ -75,7 +75,8 @@ class BlockManager:
 
     def _lookup_prefix(self, seq: Sequence) -> list[int]:
         """Cached blocks covering a prefix of `seq`, leaving at least its last token (and the
-        rows of a prompt hidden state it waits for) to compute."""
+        rows of a prompt hidden state it waits for, or its whole prompt when it waits for the
+        prompt's logprobs) to compute."""
         if not self.enable_prefix_caching:
             return []
         max_blocks = (seq.num_tokens - seq.prompt_rows_to_compute) // self.block_size

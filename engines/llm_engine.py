@@ -231,7 +231,7 @@ class LLMEngine:
         seq = req.seq
         if seq.first_token_time is None:
             seq.first_token_time = now
-        prompt_lps = prompt_logprobs.take(seq) if prompt_logprobs.wants_rows(seq) else None
+        prompt_lps = prompt_logprobs.take(seq) if seq.wants_prompt_logprobs else None
         reason, taken = None, 0
         for token in tokens:
             seq.output_ids.append(token)

@@ -105,14 +105,15 @@ class ModelRunner:
             chunks.append(Chunk(seq.block_table, start, ids, s.num_rows))
             if seq.params.prompt_hidden and not seq.output_ids:
                 captures.extend(_prompt_rows_in_chunk(seq, start, s.num_tokens, flat))
-            if prompt_logprobs.wants_rows(seq):
+            if seq.wants_prompt_logprobs:
                 scored.extend(prompt_logprobs.rows_in_chunk(seq, start, s.num_tokens, flat))
             flat += len(ids)
             if s.samples:
                 sampling.append(s)
         logits = self.forward(chunks, [row for row, _, _ in captures] + [row for row, _, _ in scored])
         for (_, seq, back), hidden in zip(captures, self.kept_hidden):
-            seq.prompt_hidden_parts[back] = hidden
+            # A copy: a view would keep the step's scored rows (prompt logprobs) alive with it.
+            seq.prompt_hidden_parts[back] = hidden.clone()
         if scored:
             prompt_logprobs.score(self.kept_hidden[len(captures):], scored, self.model.compute_logits)
         if self._hooks:

@@ -7,8 +7,10 @@ the tokens after its rows, the prompt's last row excepted (it predicts the first
 token, and is sampled as usual). Such a request's prompt is computed whole, never read from the
 prefix cache (Sequence.prompt_rows_to_compute): a cached block has no logits. The logits of a
 chunk's rows are made a few rows at a time, so a long chunk never holds a [rows, vocabulary]
-tensor at once; the work is the lm-head product per prompt token, bounded per step by the
-batch's token budget like the rest of the prefill.
+tensor at once. Each scored row costs an lm-head product and a few passes over the vocabulary
+(about one more row's forward for a small model with a large vocabulary); the rows a step
+scores are bounded by its token budget, so a step carrying them takes at most about twice as
+long.
 """
 
 from __future__ import annotations
@@ -21,10 +23,6 @@ from engines.sampler import TokenLogprob
 from engines.sequence import Sequence
 
 ROWS_PER_PASS = 64
-
-
-def wants_rows(seq: Sequence) -> bool:
-    return seq.params.prompt_logprobs is not None and not seq.output_ids
 
 
 def rows_in_chunk(seq: Sequence, start: int, num_tokens: int, flat: int) -> list[tuple[int, Sequence, int]]:
@@ -45,7 +43,10 @@ def score(hidden: torch.Tensor, rows: list[tuple[int, Sequence, int]],
         ranks = ((lp > chosen_t).sum(dim=-1) + 1).tolist()
         chosen = chosen_t.squeeze(1).tolist()
         k = max(seq.params.prompt_logprobs for _, seq, _ in part)
-        top_vals, top_ids = (t.tolist() for t in lp.topk(k, dim=-1)) if k else ([[]] * len(part), [[]] * len(part))
+        top_vals, top_ids = [[]] * len(part), [[]] * len(part)
+        if k:
+            values, order = lp.topk(k, dim=-1)
+            top_vals, top_ids = values.tolist(), order.tolist()
         for j, (_, seq, p) in enumerate(part):
             n = seq.params.prompt_logprobs
             seq.prompt_logprob_parts[p + 1] = TokenLogprob(

@@ -13,6 +13,7 @@ from engines.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from engines.grammar.state import GrammarState
+    from engines.sampler import TokenLogprob
 
 
 class SeqStatus(enum.Enum):
@@ -58,7 +59,7 @@ class Sequence:
     prompt_hidden_parts: dict[int, torch.Tensor] = field(default_factory=dict)
     # SamplingParams.prompt_logprobs: each prompt token's logprob by its position, as the
     # prefill chunks that score them pass (engines/prompt_logprobs.py).
-    prompt_logprob_parts: dict[int, Any] = field(default_factory=dict)
+    prompt_logprob_parts: dict[int, TokenLogprob] = field(default_factory=dict)
     # The model's EOS ids; with the request's stop_token_ids they make `stop_ids`, the tokens
     # that end it (and that min_tokens holds off).
     eos_token_ids: frozenset[int] = frozenset()
@@ -88,11 +89,16 @@ class Sequence:
         return max(0, len(self.prompt_ids) - 1 - back)
 
     @property
+    def wants_prompt_logprobs(self) -> bool:
+        """Its prompt's logprobs are still to come: asked for, and its first token not out yet."""
+        return self.params.prompt_logprobs is not None and not self.output_ids
+
+    @property
     def prompt_rows_to_compute(self) -> int:
         """How many of the prompt's last tokens a prefix-cache hit must leave to compute: one,
         every row of a prompt hidden state the request still waits for, or the whole prompt
         when its logprobs are wanted (a cached block has no logits)."""
-        if self.params.prompt_logprobs is not None and not self.output_ids:
+        if self.wants_prompt_logprobs:
             return len(self.prompt_ids)
         if self.params.prompt_hidden and not self.output_ids:
             return min(len(self.prompt_ids), 1 + max(self.params.prompt_hidden_rows))

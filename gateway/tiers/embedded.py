@@ -40,20 +40,13 @@ from gateway.openai_format import (
     chat_body,
     completion_body,
     json_bytes,
-    vllm_prompt_logprobs,
 )
 from gateway.schema import ChatCompletionRequest
 from gateway.tiers.base import ALL_TOKEN_SIGNALS, Tier, TierAnswer, TierCall, TierFailure
-from gateway.tiers.embedded_jobs import (
-    Job,
-    check_supported,
-    echo_texts,
-    engine_jobs,
-    prompt_logprobs_asked,
-    render_prompts,
-)
+from gateway.tiers.embedded_jobs import Job, check_supported, engine_jobs, render_prompts
 from gateway.tiers.embedded_load import build_engine, build_worker_engine, load_tier_model
 from gateway.tiers.embedded_tools import ToolChunks, apply_tool_calls
+from gateway.tiers.prompt_echo import PromptEcho
 from gateway.tool_plan import tool_plan
 from gateway.tiers.engine_restart import EngineRestarter, RestartPolicy
 from gateway.tiers.engine_events import EngineEvents
@@ -275,13 +268,10 @@ class EmbeddedTier(Tier):
         engine = self.engine      # this call's engine, even if a restart replaces it meanwhile
         rid = call.ctx.request_id
         scope, priority = self._scope(call)
-        echo = echo_texts(self.loaded, call.body)
-        results = [ChoiceResult(index, text=echo[index // call.body.n] if echo else "") for index, _, _ in jobs]
+        results = [ChoiceResult(index) for index, _, _ in jobs]
         waiting_first = True
         gate = call.scoring
-        chat = isinstance(call.body, ChatCompletionRequest)
-        client_lp = call.body.logprobs if chat else call.body.logprobs is not None
-        prompt_top = prompt_logprobs_asked(call.body)
+        prompt = PromptEcho.of(self.loaded, call.body)
 
         async def run(slot: ChoiceResult, ids: list[int], params: SamplingParams) -> None:
             nonlocal waiting_first
@@ -297,11 +287,7 @@ class EmbeddedTier(Tier):
                         waiting_first = False
                         _first_token(call)
                     slot.text += out.text
-                    if out.prompt_logprobs:          # on the first delta only
-                        if echo and client_lp:       # the echoed prompt's logprobs come first
-                            slot.logprobs.extend(out.prompt_logprobs)
-                        if prompt_top is not None:
-                            slot.prompt_logprobs = vllm_prompt_logprobs(out.prompt_logprobs, self.pieces, prompt_top)
+                    prompt.observe(slot.index, out.prompt_logprobs)
                     if out.logprobs:
                         slot.logprobs.extend(out.logprobs)
                     slot.prompt_tokens, slot.completion_tokens = out.prompt_tokens, out.completion_tokens
@@ -323,13 +309,24 @@ class EmbeddedTier(Tier):
             raise
         usage = _usage(results, call.body.n)
         _finish_span(call, results, usage)
+        chat = isinstance(call.body, ChatCompletionRequest)
         plan = tool_plan(call.body) if chat else None
         if plan is not None:
             apply_tool_calls(results, plan)
-        pieces = self.pieces if client_lp else None
+        client_lp = call.body.logprobs if chat else call.body.logprobs is not None
         build = chat_body if chat else completion_body
-        body = build(_response_id(call), int(time.time()), call.alias, results, usage.as_openai(), pieces)
-        return TierAnswer(json_bytes(body), usage)
+        rid, created = _response_id(call), int(time.time())
+
+        def answer() -> bytes:
+            for slot in results:
+                slot.text = prompt.text(slot.index) + slot.text
+                slot.logprobs = prompt.echoed_logprobs(slot.index) + slot.logprobs
+                slot.prompt_logprobs = prompt.vllm(slot.index, self.pieces)
+            return json_bytes(build(rid, created, call.alias, results, usage.as_openai(),
+                                    self.pieces if client_lp else None))
+
+        # A prompt's scores can make a body of megabytes: built off the event loop then.
+        return TierAnswer(await asyncio.to_thread(answer) if prompt.scored else answer(), usage)
 
     async def stream(self, call: TierCall) -> AsyncIterator[bytes]:
         jobs = self._jobs(call)   # raises before the first byte: bad request or unfit tier
@@ -345,7 +342,9 @@ class EmbeddedTier(Tier):
             call.span.queued(queue_depth=engine.stats.queue_depth)
         outputs = _merged(engine, [(f"{rid}-{i}", ids, p, i) for i, ids, p in jobs], scope, priority)
         results = {i: ChoiceResult(i) for i, _, _ in jobs}
-        echo = echo_texts(self.loaded, body)
+        prompt = PromptEcho.of(self.loaded, body)
+        held: dict[int, list] = {}      # a choice's outputs waiting for its prompt's scores
+        first_seen = False
         started = set()
         keep_text = call.span.content_allowed   # texts are kept only for an opted-in span
         events = {i: EngineEvents(call.span) for i in results}
@@ -364,22 +363,31 @@ class EmbeddedTier(Tier):
                     slot.text += out.text
                 if gate is not None:
                     _judge(gate, out)    # counted, but before its chunk is made: it may end the call
-                text, lps = out.text, out.logprobs
-                if index not in started:
-                    if not started:
-                        _first_token(call)
-                    started.add(index)
-                    if chat:
-                        yield writer.role(index)
-                    if echo:                         # the prompt leads the choice's first chunk
-                        text = echo[index // body.n] + text
-                        if client_lp:
-                            lps = (out.prompt_logprobs or []) + (lps or [])
-                if tools is not None:
-                    for chunk in tools[index].chunks(out, client_lp):
-                        yield chunk
-                elif text or out.finished or (client_lp and lps):
-                    yield writer.delta(index, text, lps, out.finish_reason if out.finished else None)
+                if not first_seen:
+                    first_seen = True
+                    _first_token(call)
+                prompt.observe(index, out.prompt_logprobs)
+                if not prompt.ready(index):
+                    held.setdefault(index, []).append(out)
+                    continue
+                ready = [(index, out)]
+                if out.prompt_logprobs:         # the prompt's first choice: its siblings may go on
+                    group = index - index % body.n
+                    ready += [(i, o) for i in range(group + 1, group + body.n) for o in held.pop(i, [])]
+                for i, o in ready:
+                    text, lps = o.text, o.logprobs
+                    if i not in started:
+                        started.add(i)
+                        if chat:
+                            yield writer.role(i)
+                        # an echoed prompt leads the choice's first chunk
+                        text = prompt.text(i) + text
+                        lps = prompt.echoed_logprobs(i) + (lps or []) or None
+                    if tools is not None:
+                        for chunk in tools[i].chunks(o, client_lp):
+                            yield chunk
+                    elif text or o.finished or (client_lp and lps):
+                        yield writer.delta(i, text, lps, o.finish_reason if o.finished else None)
         except (EngineFault, InvalidRequestError) as exc:
             raise _tier_error(exc) from None
         finally:

@@ -18,6 +18,7 @@ from gateway.guided_decoding import guided_grammar
 from gateway.response_format import response_format_grammar
 from gateway.schema import ChatCompletionRequest, RequestBody
 from gateway.tiers.base import TierCall, TierUnfit
+from gateway.tiers.prompt_echo import check_size, engine_prompt_logprobs, prompt_logprobs_asked
 from gateway.tool_plan import template_messages, tool_plan
 
 # Known extensions (gateway/schema_extensions.py) that would change what is generated or how the
@@ -58,19 +59,6 @@ def render_prompts(loaded: LoadedModel, body: RequestBody) -> list[list[int]]:
     return [p if isinstance(p, list) else loaded.tokenizer.encode(p) for p in body.prompts()]
 
 
-def echo_texts(loaded: LoadedModel, body: RequestBody) -> list[str] | None:
-    """Completions with `echo`: the text each prompt's choices begin with (the prompt as sent;
-    token ids decoded). None when nothing is echoed."""
-    if isinstance(body, ChatCompletionRequest) or not body.echo:
-        return None
-    return [p if isinstance(p, str) else loaded.tokenizer.decode(p) for p in body.prompts()]
-
-
-def prompt_logprobs_asked(body: RequestBody) -> int | None:
-    """vLLM's `prompt_logprobs`: how many alternatives per prompt token (None: not asked)."""
-    return (body.model_extra or {}).get("prompt_logprobs")
-
-
 def check_supported(body: RequestBody) -> None:
     extra = body.model_extra or {}
     chat = isinstance(body, ChatCompletionRequest)
@@ -81,8 +69,8 @@ def check_supported(body: RequestBody) -> None:
     for name, value in extra.items():
         if name in neutral and value is not None and value not in neutral[name]:
             raise GatewayError(400, f"'{name}' is not supported by embedded tiers", param=name)
-    if extra.get("prompt_logprobs") is not None and body.stream:
-        # As vLLM: they would come before any token, and no chunk shape carries them.
+    if prompt_logprobs_asked(body) is not None and body.stream:
+        # They would come before any token, and no chunk shape of either endpoint carries them.
         raise GatewayError(400, "prompt_logprobs is not supported with stream", param="prompt_logprobs")
     best_of = extra.get("best_of") if chat else body.best_of     # a vLLM extension in chat, modelled in completions
     if best_of is not None and best_of != body.n:
@@ -99,11 +87,8 @@ def engine_jobs(call: TierCall, prompts: list[list[int]], engine: LLMEngine) -> 
     entropy = gate is not None and gate.wants_entropy
     prompt_hidden = gate is not None and gate.wants_prompt_hidden
     top = body.num_top_logprobs if chat else (body.logprobs or 0)
-    # The prompt's logprobs, for an echoed prompt when the client asked for logprobs, and for
-    # vLLM's prompt_logprobs: one engine field, with the larger of the two top counts.
-    asked = [k for k in (top if not chat and body.echo and body.logprobs is not None else None,
-                         prompt_logprobs_asked(body)) if k is not None]
-    prompt_lps = max(asked) if asked else None
+    prompt_lps = engine_prompt_logprobs(body)
+    check_size(body, prompts)
     limit = engine.max_model_len
     extra = body.model_extra or {}
     grammar = response_format_grammar(extra.get("response_format"))
@@ -134,7 +119,9 @@ def engine_jobs(call: TierCall, prompts: list[list[int]], engine: LLMEngine) -> 
                 frequency_penalty=body.frequency_penalty or 0.0, logit_bias=bias,
                 repetition_penalty=extra.get("repetition_penalty") or 1.0, min_tokens=extra.get("min_tokens") or 0,
                 allowed_token_ids=allowed, bad_words_token_ids=bad_words, logprobs=bool(want_lp), top_logprobs=top,
-                entropy=entropy, prompt_hidden=prompt_hidden, prompt_logprobs=prompt_lps,
+                entropy=entropy, prompt_hidden=prompt_hidden,
+                # scored once per prompt, for its first choice: the others share it (gateway/tiers/prompt_echo.py)
+                prompt_logprobs=prompt_lps if i == 0 else None,
                 prompt_hidden_rows=gate.prompt_hidden_rows if prompt_hidden else (0,), grammar=grammar)
             try:
                 engine.check_request(ids, params)

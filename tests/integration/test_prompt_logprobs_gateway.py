@@ -138,3 +138,33 @@ def test_vllm_prompt_logprobs_with_stream_is_a_400(setup, path, body):
     response = httpx.post(f"{setup[0].base}/v1/{path}", timeout=60,
                           json={"model": "bytes", "stream": True, "prompt_logprobs": 1, **body})
     assert response.status_code == 400 and response.json()["error"]["param"] == "prompt_logprobs"
+
+
+def test_echo_and_prompt_logprobs_keep_their_own_counts(setup, client):
+    ids = setup[1].encode(PROMPT).ids
+    out = _complete(client, echo=True, logprobs=1, extra_body={"prompt_logprobs": 3}).choices[0]
+    assert all(len(top) == 1 for top in out.logprobs.top_logprobs[1:])
+    assert all(len(entry) in (3, 4) for entry in out.prompt_logprobs[1:]) and len(out.prompt_logprobs) == len(ids)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_choices_of_one_prompt_share_its_scores(client, stream):
+    """The prompt is scored for the first choice only; every choice carries the same echo."""
+    kwargs = dict(echo=True, logprobs=1, n=3, seed=5, temperature=1.0, stream=stream)
+    if stream:
+        per = {}
+        for chunk in _complete(client, **kwargs):
+            for c in chunk.choices:
+                got = per.setdefault(c.index, ([], []))
+                got[0].append(c.text)
+                if c.logprobs:
+                    got[1].extend(c.logprobs.token_logprobs)
+        texts = {i: "".join(t) for i, (t, _) in per.items()}
+        values = {i: v for i, (_, v) in per.items()}
+    else:
+        out = _complete(client, **kwargs)
+        texts = {c.index: c.text for c in out.choices}
+        values = {c.index: c.logprobs.token_logprobs for c in out.choices}
+    assert sorted(texts) == [0, 1, 2] and all(t.startswith(PROMPT) for t in texts.values())
+    n = len(PROMPT)
+    assert values[0][:n] == values[1][:n] == values[2][:n] and values[0][0] is None

@@ -92,10 +92,7 @@ def test_a_cached_prompt_is_computed_again_for_its_logprobs(tiny):
     assert deltas[-1].cached_tokens == 0
     lps = deltas[0].prompt_logprobs
     assert all(lp.top == [] for lp in lps)
-    with torch.no_grad():
-        expected = torch.log_softmax(hf(torch.tensor([ids])).logits[0].float(), -1)
-    assert [lp.logprob for lp in lps[1:]] == pytest.approx([float(expected[p - 1, ids[p]]) for p in range(1, len(ids))],
-                                                          abs=1e-4)
+    _check_values(hf, ids, lps)
 
 
 @pytest.mark.parametrize("value", [-1, 21])
@@ -103,3 +100,36 @@ def test_prompt_logprobs_out_of_range_name_the_field(value):
     with pytest.raises(InvalidRequestError) as info:
         SamplingParams(prompt_logprobs=value).validate()
     assert info.value.param == "prompt_logprobs"
+
+
+def test_with_a_prompt_hidden_state_in_the_same_forward(tiny):
+    """Both read kept rows of one forward: each gets its own."""
+    loaded, hf = tiny
+    ids = _prompts()[3]
+    hidden_only = SamplingParams(max_tokens=2, temperature=0, prompt_hidden=True, prompt_hidden_rows=(0, 3))
+    both = SamplingParams(max_tokens=2, temperature=0, prompt_hidden=True, prompt_hidden_rows=(0, 3), prompt_logprobs=1)
+    alone = _run(_engine(loaded), [("h", ids, hidden_only)])["h"][0]
+    together = _run(_engine(loaded), [("b", ids, both), ("o", _prompts()[4], SamplingParams(max_tokens=2, prompt_logprobs=2))])
+    first = together["b"][0]
+    assert first.prompt_hidden == pytest.approx(alone.prompt_hidden, abs=1e-5)
+    _check_values(hf, ids, first.prompt_logprobs)
+    _check_values(hf, _prompts()[4], together["o"][0].prompt_logprobs)
+
+
+def test_on_a_speculative_engine(tiny):
+    from engines.spec.config import SpeculativeConfig
+
+    loaded, hf = tiny
+    spec = LLMEngine(loaded, EngineConfig(kv_cache_memory_bytes=2**20, max_num_batched_tokens=16, max_num_seqs=8,
+                                          speculative=SpeculativeConfig(method="ngram", num_tokens=3)))
+    plain = _run(_engine(loaded), [("p", _prompts()[3], SamplingParams(max_tokens=8, temperature=0))])["p"]
+    deltas = _run(spec, [("s", _prompts()[3], SamplingParams(max_tokens=8, temperature=0, prompt_logprobs=TOP))])["s"]
+    _check(hf, _prompts()[3], deltas[0].prompt_logprobs)
+    assert [t for d in deltas for t in d.token_ids] == [t for d in plain for t in d.token_ids]
+
+
+def _check_values(hf, ids, lps):
+    with torch.no_grad():
+        expected = torch.log_softmax(hf(torch.tensor([ids])).logits[0].float(), -1)
+    assert [lp.logprob for lp in lps[1:]] == pytest.approx([float(expected[p - 1, ids[p]]) for p in range(1, len(ids))],
+                                                          abs=1e-4)
