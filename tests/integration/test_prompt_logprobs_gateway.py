@@ -168,3 +168,26 @@ def test_choices_of_one_prompt_share_its_scores(client, stream):
     assert sorted(texts) == [0, 1, 2] and all(t.startswith(PROMPT) for t in texts.values())
     n = len(PROMPT)
     assert values[0][:n] == values[1][:n] == values[2][:n] and values[0][0] is None
+
+
+def test_a_loglikelihood_batch_as_lm_evaluation_harness_sends_it(setup):
+    """lm-evaluation-harness' local-completions: token-id prompts (context + continuation) in one
+    request, max_tokens 1, logprobs 1, echo; it sums token_logprobs[ctxlen:-1] and calls the
+    continuation greedy when each token is its position's top alternative."""
+    _, tok, hf = setup
+    pairs = [("The cat sat", " on the mat"), ("Two plus two is", " four")]
+    prompts = [tok.encode(c + x).ids for c, x in pairs]
+    response = httpx.post(f"{setup[0].base}/v1/completions", timeout=60, json={
+        "model": "bytes", "prompt": prompts, "temperature": 0, "max_tokens": 1, "logprobs": 1, "seed": 1234,
+        "echo": True})
+    assert response.status_code == 200, response.text
+    for choice in sorted(response.json()["choices"], key=lambda c: c["index"]):
+        ids, (context, _) = prompts[choice["index"]], pairs[choice["index"]]
+        ctxlen = len(tok.encode(context).ids)
+        expected = _expected(hf, ids)
+        continuation = [float(expected[p - 1, ids[p]]) for p in range(ctxlen, len(ids))]
+        lps = choice["logprobs"]
+        assert sum(lps["token_logprobs"][ctxlen:-1]) == pytest.approx(sum(continuation), abs=1e-3)
+        greedy = all(int(expected[p - 1].argmax()) == ids[p] for p in range(ctxlen, len(ids)))
+        assert all(t == max(top.values()) for t, top in zip(lps["token_logprobs"][ctxlen:-1],
+                                                           lps["top_logprobs"][ctxlen:-1])) == greedy
