@@ -10,8 +10,10 @@ from __future__ import annotations
 from engines.tokenizer import TextTokenizer
 
 class IncrementalDetokenizer:
-    def __init__(self, tokenizer: TextTokenizer, stop: list[str], include_stop: bool = False):
+    def __init__(self, tokenizer: TextTokenizer, stop: list[str], include_stop: bool = False,
+                 skip_special_tokens: bool = True):
         self.tokenizer = tokenizer
+        self.skip_special_tokens = skip_special_tokens
         self.stop = stop
         self.include_stop = include_stop
         self._hold = max((len(s) for s in stop), default=1) - 1
@@ -27,9 +29,9 @@ class IncrementalDetokenizer:
         `check_stop` false the token's text is not searched: a stop string that ends in it
         does not count (min_tokens)."""
         self._ids.append(token_id)
-        decode = self.tokenizer.decode
-        before = decode(self._ids[self._prefix_offset:self._read_offset])
-        now = decode(self._ids[self._prefix_offset:])
+        decode, skip = self.tokenizer.decode, self.skip_special_tokens
+        before = decode(self._ids[self._prefix_offset:self._read_offset], skip_special_tokens=skip)
+        now = decode(self._ids[self._prefix_offset:], skip_special_tokens=skip)
         if len(now) <= len(before) or now.endswith("\ufffd"):
             return False
         old_end = len(self.text)

@@ -106,7 +106,8 @@ class LLMEngine:
             grammar = self.grammars.new_state(params.grammar)
         seq = Sequence(request_id, list(prompt_ids), params, prefix_scope=prefix_scope, priority=priority,
                        grammar=grammar, eos_token_ids=self.tokenizer.eos_token_ids)
-        detok = IncrementalDetokenizer(self.tokenizer, params.stop, params.include_stop_str_in_output)
+        detok = IncrementalDetokenizer(self.tokenizer, params.stop, params.include_stop_str_in_output,
+                                       params.skip_special_tokens)
         self._requests[request_id] = TrackedRequest(seq, detok)
         self.scheduler.add(seq)
 

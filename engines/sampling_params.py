@@ -70,6 +70,7 @@ class SamplingParams:
     # this order.
     prompt_hidden_rows: tuple[int, ...] = (0,)
     include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True        # False: special tokens (not the stop token) appear in the text
     # The logprob of every prompt token (and this many top alternatives) on the first delta
     # (RequestOutput.prompt_logprobs); None = not computed.
     prompt_logprobs: int | None = None

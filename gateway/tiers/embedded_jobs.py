@@ -26,9 +26,9 @@ from gateway.tool_plan import template_messages, tool_plan
 # changes nothing (the values listed; null always), so a client never gets output it did not ask
 # for. The fields left out of these tables are either honoured (logit_bias, repetition_penalty,
 # min_tokens, allowed_token_ids, bad_words, stop_token_ids, include_stop_str_in_output,
-# prompt_logprobs, the guided decoding fields) or change nothing in the output (metadata, store, user, prompt_cache_key, ...).
+# skip_special_tokens, prompt_logprobs, the guided decoding fields) or change nothing in the output (metadata, store, user, prompt_cache_key, ...).
 _NEUTRAL_BOTH = {"use_beam_search": (False,), "length_penalty": (1, 1.0), "truncate_prompt_tokens": (),
-                 "return_tokens_as_token_ids": (False,), "skip_special_tokens": (True,)}
+                 "return_tokens_as_token_ids": (False,)}
 _NEUTRAL_CHAT = {"functions": ([],), "function_call": ("", {}), "echo": (False,), "add_generation_prompt": (True,),
                  "continue_final_message": (False,), "chat_template": (), "chat_template_kwargs": ({},),
                  "documents": ([],), "mm_processor_kwargs": ({},), "modalities": (["text"],), "audio": (),
@@ -115,6 +115,7 @@ def engine_jobs(call: TierCall, prompts: list[list[int]], engine: LLMEngine) -> 
                 seed=derive_seed(body.seed, p_index * body.n + i), stop=body.stop_list(),
                 ignore_eos=body.ignore_eos, stop_token_ids=list(extra.get("stop_token_ids") or ()),
                 include_stop_str_in_output=bool(extra.get("include_stop_str_in_output")),
+                skip_special_tokens=extra.get("skip_special_tokens") is not False,
                 presence_penalty=body.presence_penalty or 0.0,
                 frequency_penalty=body.frequency_penalty or 0.0, logit_bias=bias,
                 repetition_penalty=extra.get("repetition_penalty") or 1.0, min_tokens=extra.get("min_tokens") or 0,

@@ -135,7 +135,7 @@ def test_a_constraint_that_cannot_be_honoured_is_a_400_naming_it(setup, body, pa
 @pytest.mark.parametrize("field,value", [("length_penalty", 1.5), ("use_beam_search", True),
                                          ("truncate_prompt_tokens", 8), ("chat_template", "{{ messages }}"),
                                          ("continue_final_message", True), ("add_generation_prompt", False),
-                                         ("skip_special_tokens", False), ("echo", True), ("best_of", 2),
+                                         ("echo", True), ("best_of", 2),
                                          ("chat_template_kwargs", {"enable_thinking": True}),
                                          ("functions", [{"name": "f"}]),
                                          ("function_call", "auto")])
@@ -209,3 +209,11 @@ def test_adjustments_out_of_range_are_a_400_naming_them(setup, body, param):
     response = _post(setup, body)          # max_tokens 5; the byte model's vocabulary is 260
     assert response.status_code == 400, response.text
     assert response.json()["error"]["param"] == param
+
+
+def test_special_tokens_show_only_when_not_skipped(setup, client):
+    bos = setup[1].token_to_id("<s>")
+    choice, usage = _greedy(client, 3, logit_bias={str(bos): 100})
+    assert (choice.message.content, usage.completion_tokens) == ("", 3)
+    choice, _ = _greedy(client, 3, logit_bias={str(bos): 100}, skip_special_tokens=False)
+    assert choice.message.content == "<s><s><s>"
