@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 import torch
 
-from engines.sampler import TokenLogprob
+from engines.sampler import TokenLogprob, chosen_and_top
 from engines.sequence import Sequence
 
 ROWS_PER_PASS = 64
@@ -38,19 +38,11 @@ def score(hidden: torch.Tensor, rows: list[tuple[int, Sequence, int]],
     for begin in range(0, len(rows), ROWS_PER_PASS):
         part = rows[begin:begin + ROWS_PER_PASS]
         lp = torch.log_softmax(compute_logits(hidden[begin:begin + len(part)]).float(), dim=-1)
-        targets = torch.tensor([seq.prompt_ids[p + 1] for _, seq, p in part], device=lp.device)
-        chosen_t = lp.gather(1, targets.unsqueeze(1))
-        ranks = ((lp > chosen_t).sum(dim=-1) + 1).tolist()
-        chosen = chosen_t.squeeze(1).tolist()
-        k = max(seq.params.prompt_logprobs for _, seq, _ in part)
-        top_vals, top_ids = [[]] * len(part), [[]] * len(part)
-        if k:
-            values, order = lp.topk(k, dim=-1)
-            top_vals, top_ids = values.tolist(), order.tolist()
-        for j, (_, seq, p) in enumerate(part):
-            n = seq.params.prompt_logprobs
-            seq.prompt_logprob_parts[p + 1] = TokenLogprob(
-                seq.prompt_ids[p + 1], chosen[j], list(zip(top_ids[j][:n], top_vals[j][:n])), rank=ranks[j])
+        targets = [seq.prompt_ids[p + 1] for _, seq, p in part]
+        chosen, tops = chosen_and_top(lp, targets, [seq.params.prompt_logprobs for _, seq, _ in part])
+        ranks = ((lp > chosen.unsqueeze(1)).sum(dim=-1) + 1).tolist()
+        for j, (value, (_, seq, p)) in enumerate(zip(chosen.tolist(), part)):
+            seq.prompt_logprob_parts[p + 1] = TokenLogprob(targets[j], value, tops[j], rank=ranks[j])
 
 
 def take(seq: Sequence) -> list[TokenLogprob]:

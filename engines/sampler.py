@@ -1,5 +1,5 @@
-"""Batched sampling: the request's logit adjustments, temperature, top-k, top-p, min-p, seeds and logprobs as
-tensor operations over all rows at once.
+"""Batched sampling: the requests' logit adjustments, temperature, top-k, top-p, min-p, seeds
+and logprobs as tensor operations over all rows at once.
 
 Logprobs (and, for requests that ask, the entropy of the distribution each token came from) are
 taken from the model's own distribution: the raw logits, before penalties, temperature and
@@ -189,18 +189,24 @@ class Sampler:
         if not want:
             return out
         lp = torch.log_softmax(raw[want], dim=-1)
-        k = max(params[i].top_logprobs for i in want)
-        # Each tensor comes to the host once (.tolist()), not once per row.
-        top_vals, top_ids = lp.topk(k, dim=-1) if k else (None, None)
-        top_vals, top_ids = (top_vals.tolist(), top_ids.tolist()) if k else (None, None)
-        chosen_ids = torch.tensor([tokens[i] for i in want], device=lp.device)
-        chosen = lp.gather(1, chosen_ids.unsqueeze(1)).squeeze(1).tolist()
+        chosen, tops = chosen_and_top(lp, [tokens[i] for i in want], [params[i].top_logprobs for i in want])
         entropies = _entropies(lp, [params[i].entropy for i in want])
-        for j, i in enumerate(want):
-            n = params[i].top_logprobs
-            top = list(zip(top_ids[j][:n], top_vals[j][:n])) if n else []
-            out[i] = TokenLogprob(tokens[i], chosen[j], top, entropies[j])
+        for j, (i, value) in enumerate(zip(want, chosen.tolist())):
+            out[i] = TokenLogprob(tokens[i], value, tops[j], entropies[j])
         return out
+
+
+def chosen_and_top(lp: torch.Tensor, tokens: list[int], counts: list[int]) -> tuple[torch.Tensor, list[list[tuple[int, float]]]]:
+    """Row j of `lp` (log-probabilities): the logprob of tokens[j] (a tensor, on lp's device) and
+    its counts[j] likeliest (token id, logprob). Each tensor comes to the host once (.tolist()),
+    not once per row."""
+    chosen = lp.gather(1, torch.tensor(tokens, device=lp.device).unsqueeze(1)).squeeze(1)
+    k = max(counts)
+    if not k:
+        return chosen, [[] for _ in counts]
+    values, order = lp.topk(k, dim=-1)
+    values, order = values.tolist(), order.tolist()
+    return chosen, [list(zip(order[j][:n], values[j][:n])) for j, n in enumerate(counts)]
 
 
 def _entropies(lp: torch.Tensor, asked: list[bool]) -> list[float | None]:

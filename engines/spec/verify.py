@@ -2,8 +2,8 @@
 
 For draft x_j drawn from q_j, with p_j the target's processed distribution at that
 position (the request's own adjustments, engines/logit_adjust.py, over the history including
-the earlier drafts; temperature, top-k/p, min-p): accept with probability min(1, p_j(x_j) / q_j(x_j)); at the first rejection draw
-from normalize(max(0, p_j - q_j)) and stop; when all k are accepted draw a bonus token
+the earlier drafts; temperature, top-k/p, min-p): accept with probability
+min(1, p_j(x_j) / q_j(x_j)); at the first rejection draw from normalize(max(0, p_j - q_j)) and stop; when all k are accepted draw a bonus token
 from p_k. A point-mass proposal (n-gram) has q_j = one-hot(x_j). Greedy requests accept
 while the draft equals the target's argmax and then take the target's argmax.
 """

@@ -26,7 +26,8 @@ from gateway.tool_plan import template_messages, tool_plan
 # changes nothing (the values listed; null always), so a client never gets output it did not ask
 # for. The fields left out of these tables are either honoured (logit_bias, repetition_penalty,
 # min_tokens, allowed_token_ids, bad_words, stop_token_ids, include_stop_str_in_output,
-# skip_special_tokens, prompt_logprobs, the guided decoding fields) or change nothing in the output (metadata, store, user, prompt_cache_key, ...).
+# skip_special_tokens, prompt_logprobs, the guided decoding fields) or change nothing in the
+# output (metadata, store, user, prompt_cache_key, ...).
 _NEUTRAL_BOTH = {"use_beam_search": (False,), "length_penalty": (1, 1.0), "truncate_prompt_tokens": (),
                  "return_tokens_as_token_ids": (False,)}
 _NEUTRAL_CHAT = {"functions": ([],), "function_call": ("", {}), "echo": (False,), "add_generation_prompt": (True,),
