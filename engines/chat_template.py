@@ -19,6 +19,15 @@ CHATML_TEMPLATE = (
 )
 
 
+# Variables the renderer itself sets: a caller's extra template variables may not replace them.
+RESERVED_VARIABLES = frozenset({"messages", "tools", "add_generation_prompt", "continue_final_message",
+                                "bos_token", "eos_token", "raise_exception", "strftime_now"})
+
+# Stands in for the final message's content while rendering a conversation to be continued: where
+# it lands is where that message's text begins, whatever the template writes around it.
+_CONTINUE_MARK = "\x00tiergate-continue-final-message\x00"
+
+
 class ChatTemplateError(ValueError):
     """The template refused the messages (raise_exception in the template)."""
 
@@ -53,15 +62,43 @@ class ChatTemplate:
         return "tools" in self.source
 
     def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
-               tools: list[dict[str, Any]] | None = None, **extra: Any) -> str:
+               tools: list[dict[str, Any]] | None = None, continue_final_message: bool = False,
+               variables: dict[str, Any] | None = None) -> str:
         """`tools` (OpenAI's tool definitions) go to a template that supports them as `tools`; for
         one that does not, the conversation is rewritten in the Hermes format first
-        (engines/tool_prompt.py). Messages may carry `tool_calls` and `tool` turns either way."""
+        (engines/tool_prompt.py). Messages may carry `tool_calls` and `tool` turns either way.
+
+        `continue_final_message` leaves the final message open, without the end of its turn, so
+        that the model goes on writing it (a prefilled answer). `variables` are the template's own
+        (e.g. a template's switches); none may be one of RESERVED_VARIABLES."""
+        extra = dict(variables or {})
+        clash = RESERVED_VARIABLES.intersection(extra)
+        if clash:
+            raise ChatTemplateError(f"template variable {sorted(clash)[0]!r} is set by the renderer")
+        if continue_final_message:
+            if add_generation_prompt:
+                raise ChatTemplateError("continue_final_message and add_generation_prompt exclude each other")
+            return self._continued(messages, tools, extra)
+        return self._render(messages, add_generation_prompt, tools, extra)
+
+    def _continued(self, messages: list[dict[str, Any]], tools, extra: dict[str, Any]) -> str:
+        final = messages[-1]
+        content = final.get("content") or ""
+        if not isinstance(content, str) or _CONTINUE_MARK in content:
+            raise ChatTemplateError("the final message cannot be continued")
+        marked = messages[:-1] + [{**final, "content": _CONTINUE_MARK}]
+        text = self._render(marked, False, tools, extra)
+        at = text.rfind(_CONTINUE_MARK)
+        if at < 0:
+            raise ChatTemplateError("the chat template does not print the final message's content, so it cannot be continued")
+        return text[:at] + content
+
+    def _render(self, messages: list[dict[str, Any]], add_generation_prompt: bool, tools, extra: dict[str, Any]) -> str:
         if not self.supports_tools:
             if tools or any(m.get("tool_calls") or m.get("role") == "tool" for m in messages):
                 messages = without_tools(messages, tools)
         elif tools:
-            extra["tools"] = tools
+            extra = {**extra, "tools": tools}
         try:
             return self._template.render(
                 messages=messages,

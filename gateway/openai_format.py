@@ -57,6 +57,26 @@ class TokenPieces:
         hit = self._cache[token_id] = (raw.decode("utf-8", errors="replace"), list(raw))
         return hit
 
+    def width(self, token_id: int) -> int:
+        """The characters the token adds to the text (completions' text_offset)."""
+        return len(self.piece(token_id)[0])
+
+
+class TokenIdPieces:
+    """vLLM's `return_tokens_as_token_ids`: each token reported as "token_id:N", so a client can
+    tell apart tokens whose text is the same (or is not valid UTF-8 alone). Text offsets still
+    count the tokens' text."""
+
+    def __init__(self, text_pieces: TokenPieces):
+        self._text = text_pieces
+
+    def piece(self, token_id: int) -> tuple[str, list[int]]:
+        name = f"token_id:{token_id}"
+        return name, list(name.encode())
+
+    def width(self, token_id: int) -> int:
+        return self._text.width(token_id)
+
 
 def chat_logprobs(lps: list[TokenLogprob], pieces: TokenPieces) -> dict:
     content = []
@@ -79,7 +99,7 @@ def completion_logprobs(lps: list[TokenLogprob], pieces: TokenPieces, offset: in
         # An echoed prompt's first token has no logprob, and no alternatives (OpenAI's null).
         tops.append(None if lp.logprob is None else {pieces.piece(tid)[0]: val for tid, val in lp.top})
         offsets.append(offset)
-        offset += len(text)
+        offset += pieces.width(lp.token_id)
     return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}
 
 

@@ -82,6 +82,14 @@ class _Extensions(BaseModel):
                 raise ValueError("bad_words entries must contain a character other than whitespace")
         return value
 
+    @field_validator("truncate_prompt_tokens")
+    @classmethod
+    def _check_truncation(cls, value):
+        # vLLM's meaning: keep the prompt's last k tokens, -1 for the model's context; 0 would leave none.
+        if value == 0:
+            raise ValueError("truncate_prompt_tokens must be at least 1, or -1 for the model's context length")
+        return value
+
     @field_validator("response_format")
     @classmethod
     def _check_response_format(cls, value):

@@ -178,6 +178,20 @@ tiers:
 {models}"""
 
 
+def start_byte_gateway(tmp_dir: Path, seed: int, **config):
+    """A running gateway serving the tiny byte-level Llama (seeded; initializer range 0.2, so its
+    greedy output varies with the prompt) as model `bytes`, with its tokenizer and the transformers
+    model it was written from: (gateway, tokenizer, hf model)."""
+    from tokenizers import Tokenizer
+
+    from tests.tiny_models import write_tiny_byte_checkpoint
+
+    hf = write_tiny_byte_checkpoint(tmp_dir / "bytes", seed=seed, initializer_range=0.2).eval()
+    path = tmp_dir / "gateway.yaml"
+    path.write_text(byte_model_config(tmp_dir / "bytes", **config))
+    return RunningGateway(path), Tokenizer.from_file(str(tmp_dir / "bytes" / "tokenizer.json")), hf
+
+
 def start_embedded_gateway(tmp_dir: Path) -> RunningGateway:
     from tests.tiny_models import write_tiny_checkpoint
 

@@ -36,14 +36,16 @@ from gateway.openai_format import (
     SSE_DONE,
     ChoiceResult,
     ChunkWriter,
+    TokenIdPieces,
     TokenPieces,
     chat_body,
     completion_body,
     json_bytes,
 )
-from gateway.schema import ChatCompletionRequest
+from gateway.schema import ChatCompletionRequest, RequestBody
 from gateway.tiers.base import ALL_TOKEN_SIGNALS, Tier, TierAnswer, TierCall, TierFailure
-from gateway.tiers.embedded_jobs import Job, check_supported, engine_jobs, render_prompts
+from gateway.tiers.embedded_jobs import Job, check_supported, engine_jobs
+from gateway.tiers.embedded_prompts import render_prompts, truncate_prompts
 from gateway.tiers.embedded_load import build_engine, build_worker_engine, load_tier_model
 from gateway.tiers.embedded_tools import ToolChunks, apply_tool_calls
 from gateway.tiers.prompt_echo import PromptEcho
@@ -237,9 +239,10 @@ class EmbeddedTier(Tier):
 
     # ---- prompts ----------------------------------------------------------------------
     def count_prompt_tokens(self, call: TierCall) -> int:
-        return sum(len(ids) for ids in self._prompt_ids(call))
+        return sum(len(ids) for ids in self._engine_prompts(call))
 
     def _prompt_ids(self, call: TierCall) -> list[list[int]]:
+        """The prompts' ids as rendered, shared by the tiers with this tokenizer."""
         cached = call.prompt_ids.get(self.tokenizer_key)
         if cached is not None:
             return cached
@@ -247,12 +250,16 @@ class EmbeddedTier(Tier):
         call.prompt_ids[self.tokenizer_key] = prompts
         return prompts
 
+    def _engine_prompts(self, call: TierCall) -> list[list[int]]:
+        """What this tier's engine runs: the prompts truncated as the client asked, for its context."""
+        return truncate_prompts(call.body, self._prompt_ids(call), self.context_length)
+
     def _jobs(self, call: TierCall) -> list[Job]:
         """(choice index, prompt ids, sampling) for every choice; raises before anything runs."""
         if self.engine is None:
             raise TierFailure(f"tier {self.name} is not loaded")
         check_supported(call.body)
-        return engine_jobs(call, self._prompt_ids(call), self.engine.front)
+        return engine_jobs(call, self._engine_prompts(call), self.engine.front)
 
     @staticmethod
     def _scope(call: TierCall) -> tuple[str | None, int]:
@@ -263,6 +270,10 @@ class EmbeddedTier(Tier):
         return call.ctx.prefix_scope, -call.ctx.priority
 
     # ---- answers ----------------------------------------------------------------------
+    def _logprob_pieces(self, body: RequestBody) -> TokenPieces | TokenIdPieces:
+        """How the answer's logprobs name tokens: their text, or their ids when the client asks."""
+        return TokenIdPieces(self.pieces) if (body.model_extra or {}).get("return_tokens_as_token_ids") else self.pieces
+
     async def complete(self, call: TierCall) -> TierAnswer:
         jobs = self._jobs(call)
         engine = self.engine      # this call's engine, even if a restart replaces it meanwhile
@@ -271,7 +282,7 @@ class EmbeddedTier(Tier):
         results = [ChoiceResult(index) for index, _, _ in jobs]
         waiting_first = True
         gate = call.scoring
-        prompt = PromptEcho.of(self.loaded, call.body)
+        prompt = PromptEcho.of(self.loaded, call.body, self._prompt_ids(call), [ids for _, ids, _ in jobs[::call.body.n]])
 
         async def run(slot: ChoiceResult, ids: list[int], params: SamplingParams) -> None:
             nonlocal waiting_first
@@ -323,7 +334,7 @@ class EmbeddedTier(Tier):
                 slot.logprobs = prompt.echoed_logprobs(slot.index) + slot.logprobs
                 slot.prompt_logprobs = prompt.vllm(slot.index, self.pieces)
             return json_bytes(build(rid, created, call.alias, results, usage.as_openai(),
-                                    self.pieces if client_lp else None))
+                                    self._logprob_pieces(call.body) if client_lp else None))
 
         # A prompt's scores can make a body of megabytes: built off the event loop then.
         return TierAnswer(await asyncio.to_thread(answer) if prompt.scored else answer(), usage)
@@ -334,7 +345,7 @@ class EmbeddedTier(Tier):
         chat = isinstance(body, ChatCompletionRequest)
         client_lp = body.logprobs if chat else body.logprobs is not None
         writer = ChunkWriter(chat, _response_id(call), int(time.time()), call.alias, body.include_usage,
-                             self.pieces if client_lp else None)
+                             self._logprob_pieces(body) if client_lp else None)
         engine = self.engine
         rid = call.ctx.request_id
         scope, priority = self._scope(call)
@@ -342,7 +353,7 @@ class EmbeddedTier(Tier):
             call.span.queued(queue_depth=engine.stats.queue_depth)
         outputs = _merged(engine, [(f"{rid}-{i}", ids, p, i) for i, ids, p in jobs], scope, priority)
         results = {i: ChoiceResult(i) for i, _, _ in jobs}
-        prompt = PromptEcho.of(self.loaded, body)
+        prompt = PromptEcho.of(self.loaded, body, self._prompt_ids(call), [ids for _, ids, _ in jobs[::body.n]])
         held: dict[int, list] = {}      # a choice's outputs waiting for its prompt's scores
         first_seen = False
         started = set()

@@ -1,5 +1,5 @@
 """An OpenAI request body as an embedded engine's jobs: what the engine cannot do is refused
-(400), prompts are rendered (chat template) and tokenized, and every choice becomes one engine
+(400), and every choice of every prompt (gateway/tiers/embedded_prompts.py) becomes one engine
 request with its own SamplingParams (with the grammar its response_format asks for), checked
 against the engine before anything runs."""
 
@@ -8,10 +8,8 @@ from __future__ import annotations
 import hashlib
 
 from engines.bad_words import bad_words_token_ids
-from engines.chat_template import ChatTemplateError
 from engines.errors import RequestTooLongError
 from engines.llm_engine import LLMEngine
-from engines.loaded_model import LoadedModel
 from engines.sampling_params import InvalidRequestError, SamplingParams
 from gateway.errors import GatewayError
 from gateway.guided_decoding import guided_grammar
@@ -19,21 +17,20 @@ from gateway.response_format import response_format_grammar
 from gateway.schema import ChatCompletionRequest, RequestBody
 from gateway.tiers.base import TierCall, TierUnfit
 from gateway.tiers.prompt_echo import check_size, engine_prompt_logprobs, prompt_logprobs_asked
-from gateway.tool_plan import template_messages, tool_plan
+from gateway.tool_plan import tool_plan
 
 # Known extensions (gateway/schema_extensions.py) that would change what is generated or how the
 # prompt is built, and that no embedded engine implements: refused unless sent at a value that
 # changes nothing (the values listed; null always), so a client never gets output it did not ask
 # for. The fields left out of these tables are either honoured (logit_bias, repetition_penalty,
 # min_tokens, allowed_token_ids, bad_words, stop_token_ids, include_stop_str_in_output,
-# skip_special_tokens, prompt_logprobs, the guided decoding fields) or change nothing in the
-# output (metadata, store, user, prompt_cache_key, ...).
-_NEUTRAL_BOTH = {"use_beam_search": (False,), "length_penalty": (1, 1.0), "truncate_prompt_tokens": (),
-                 "return_tokens_as_token_ids": (False,)}
-_NEUTRAL_CHAT = {"functions": ([],), "function_call": ("", {}), "echo": (False,), "add_generation_prompt": (True,),
-                 "continue_final_message": (False,), "chat_template": (), "chat_template_kwargs": ({},),
-                 "documents": ([],), "mm_processor_kwargs": ({},), "modalities": (["text"],), "audio": (),
-                 "web_search_options": ()}
+# skip_special_tokens, prompt_logprobs, truncate_prompt_tokens, return_tokens_as_token_ids, the
+# guided decoding fields; in chat echo, add_generation_prompt, continue_final_message,
+# chat_template_kwargs) or change nothing in the output (metadata, store, user, prompt_cache_key, ...).
+# A client's own `chat_template` is refused, as vLLM refuses it unless its operator trusts clients.
+_NEUTRAL_BOTH = {"use_beam_search": (False,), "length_penalty": (1, 1.0)}
+_NEUTRAL_CHAT = {"functions": ([],), "function_call": ("", {}), "chat_template": (), "documents": ([],),
+                 "mm_processor_kwargs": ({},), "modalities": (["text"],), "audio": (), "web_search_options": ()}
 
 Job = tuple[int, list[int], SamplingParams]      # (choice index, prompt ids, sampling)
 
@@ -44,20 +41,6 @@ def derive_seed(seed: int | None, index: int) -> int | None:
         return seed
     digest = hashlib.blake2b(f"{seed}:{index}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") >> 1
-
-
-def render_prompts(loaded: LoadedModel, body: RequestBody) -> list[list[int]]:
-    """Token ids of every prompt: a chat through the model's template (with its tools and tool
-    turns: gateway/tool_plan.py), completions as given."""
-    if isinstance(body, ChatCompletionRequest):
-        messages = template_messages(body)
-        plan = tool_plan(body)
-        tools = plan.tools if plan else None
-        try:
-            return [loaded.tokenizer.encode(loaded.chat_template.render(messages, tools=tools))]
-        except ChatTemplateError as exc:
-            raise GatewayError(400, str(exc), param="messages") from None
-    return [p if isinstance(p, list) else loaded.tokenizer.encode(p) for p in body.prompts()]
 
 
 def check_supported(body: RequestBody) -> None:
@@ -73,6 +56,9 @@ def check_supported(body: RequestBody) -> None:
     if prompt_logprobs_asked(body) is not None and body.stream:
         # They would come before any token, and no chunk shape of either endpoint carries them.
         raise GatewayError(400, "prompt_logprobs is not supported with stream", param="prompt_logprobs")
+    if chat and extra.get("echo") and tool_plan(body) is not None:
+        # A tool call is parsed out of the model's own text, which an echoed answer would lead.
+        raise GatewayError(400, "echo is not supported with tools", param="echo")
     best_of = extra.get("best_of") if chat else body.best_of     # a vLLM extension in chat, modelled in completions
     if best_of is not None and best_of != body.n:
         raise GatewayError(400, "best_of other than n is not supported", param="best_of")

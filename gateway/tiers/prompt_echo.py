@@ -1,5 +1,6 @@
 """What an embedded tier's answer carries of its prompt: completions' `echo` (the prompt's text
-and, with `logprobs`, its tokens' logprobs before the completion's) and vLLM's `prompt_logprobs`.
+and, with `logprobs`, its tokens' logprobs before the completion's), chat's `echo` (the final
+assistant message the answer continues) and vLLM's `prompt_logprobs`.
 
 The engine scores a prompt once, for the first choice of its `n` (gateway/tiers/embedded_jobs.py):
 the other choices share it (and its cached blocks), so `n` does not multiply the work. A
@@ -16,6 +17,7 @@ from engines.sampler import TokenLogprob
 from gateway.errors import GatewayError
 from gateway.openai_format import TokenPieces, vllm_prompt_logprobs
 from gateway.schema import ChatCompletionRequest, RequestBody
+from gateway.tiers.embedded_prompts import chat_echo_text
 
 # An answer's prompt scores are built on the event loop and sent whole: ~60 bytes each.
 MAX_PROMPT_LOGPROB_ENTRIES = 1 << 20
@@ -64,10 +66,17 @@ class PromptEcho:
     _rendered: dict[int, list[dict | None]] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, loaded: LoadedModel, body: RequestBody) -> PromptEcho:
+    def of(cls, loaded: LoadedModel, body: RequestBody, rendered: list[list[int]], run: list[list[int]]) -> PromptEcho:
+        """`rendered`: each prompt's ids as rendered; `run`: as the engine runs them (the same list
+        where truncate_prompt_tokens cut nothing). A cut prompt echoes the text of what was run,
+        so the echoed text and its logprobs agree."""
         texts = None
-        if not isinstance(body, ChatCompletionRequest) and body.echo:
-            texts = [p if isinstance(p, str) else loaded.tokenizer.decode(p) for p in body.prompts()]
+        if isinstance(body, ChatCompletionRequest):
+            chat_echo = chat_echo_text(body)
+            texts = None if chat_echo is None else [chat_echo]
+        elif body.echo:
+            texts = [p if isinstance(p, str) and ids is whole else loaded.tokenizer.decode(ids)
+                     for p, whole, ids in zip(body.prompts(), rendered, run)]
         return cls(body.n, texts, echo_logprobs_asked(body), prompt_logprobs_asked(body))
 
     @property

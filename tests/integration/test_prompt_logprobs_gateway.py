@@ -11,23 +11,16 @@ import httpx
 import openai
 import pytest
 import torch
-from tokenizers import Tokenizer
 
-from tests.gateway_harness import RunningGateway, byte_model_config
+from tests.gateway_harness import start_byte_gateway
 
 PROMPT = "The cat sat on"
 
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    from tests.tiny_models import write_tiny_byte_checkpoint
-
-    tmp = tmp_path_factory.mktemp("echo-gw")
-    hf = write_tiny_byte_checkpoint(tmp / "bytes", seed=4, initializer_range=0.2).eval()
-    path = tmp / "gateway.yaml"
-    path.write_text(byte_model_config(tmp / "bytes"))
-    gw = RunningGateway(path)
-    yield gw, Tokenizer.from_file(str(tmp / "bytes" / "tokenizer.json")), hf
+    gw, tok, hf = start_byte_gateway(tmp_path_factory.mktemp("echo-gw"), seed=4)
+    yield gw, tok, hf
     gw.stop()
 
 
@@ -98,12 +91,6 @@ def test_each_prompt_echoes_its_own_text(setup, client):
     out = _complete(client, prompt=[ids, ids[:1]], echo=True)
     texts = {c.index: c.text for c in out.choices}
     assert texts[0].startswith("dog") and texts[1].startswith("d") and not texts[1].startswith("dog")
-
-
-def test_chat_echo_is_still_refused(setup):
-    response = httpx.post(f"{setup[0].base}/v1/chat/completions", timeout=60,
-                          json={"model": "bytes", "messages": [{"role": "user", "content": "hi"}], "echo": True})
-    assert response.status_code == 400 and response.json()["error"]["param"] == "echo"
 
 
 def test_vllm_prompt_logprobs_in_a_completion(setup, client):

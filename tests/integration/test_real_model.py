@@ -99,6 +99,22 @@ def test_chat_template_renders_as_transformers(ours, model_name, request, tools)
     assert ours.chat_template.render(messages, **extra) == expected
 
 
+@pytest.mark.parametrize("content", ["The capital is", ""], ids=["prefilled", "empty"])
+def test_a_continued_answer_renders_as_transformers(ours, model_name, request, content):
+    """vLLM's continue_final_message: the final assistant turn left open, as transformers leaves it
+    (for an empty message transformers keeps the closed turn; ours opens it, which is the point)."""
+    hf_tokenizer = request.getfixturevalue(MODELS[model_name][2])
+    messages = [{"role": "user", "content": "Name France's capital."}, {"role": "assistant", "content": content}]
+    ours_text = ours.chat_template.render(messages, add_generation_prompt=False, continue_final_message=True)
+    if content:
+        assert ours_text == hf_tokenizer.apply_chat_template(messages, tokenize=False, continue_final_message=True)
+    else:
+        opened = hf_tokenizer.apply_chat_template(messages[:1], tokenize=False, add_generation_prompt=True)
+        assert ours_text == opened
+    closed = hf_tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=False)
+    assert ours.chat_template.render(messages, add_generation_prompt=False) == closed
+
+
 def test_seeded_sampling_is_reproducible(ours):
     ids = _prompt_ids(ours, "Tell me a story.")
     runs = [list(generate_tokens(ours.model, ids, SimpleSampling(max_tokens=16, temperature=1.0, seed=7)))

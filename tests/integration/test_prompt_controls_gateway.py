@@ -1,0 +1,172 @@
+"""vLLM's prompt controls on an embedded tier, over real HTTP with the official openai client:
+`truncate_prompt_tokens` (the prompt's last tokens run), the chat template's
+`add_generation_prompt`, `continue_final_message` and `chat_template_kwargs`, chat `echo`, and
+`return_tokens_as_token_ids`. Each is checked against the same model given the equivalent plain
+request (greedy, so equal outputs mean equal prompts). The tier is the tiny byte-level Llama with
+the engine's ChatML template."""
+
+from __future__ import annotations
+
+import re
+
+import httpx
+import openai
+import pytest
+
+from tests.gateway_harness import start_byte_gateway
+
+PROMPT = "The cat sat on the mat"
+ASKED = [{"role": "user", "content": "Answer."}]
+PREFILLED = ASKED + [{"role": "assistant", "content": "ab"}]
+ASKED_TEXT = "<|im_start|>user\nAnswer.<|im_end|>\n"
+CONTEXT = 256
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    gw, tok, hf = start_byte_gateway(tmp_path_factory.mktemp("prompt-controls-gw"), seed=5, max_model_len=CONTEXT)
+    yield gw, tok
+    gw.stop()
+
+
+@pytest.fixture(scope="module")
+def client(setup):
+    return openai.OpenAI(base_url=f"{setup[0].base}/v1", api_key="unused", max_retries=0)
+
+
+def _complete(client, prompt=PROMPT, **extra):
+    return client.completions.create(model="bytes", prompt=prompt, max_tokens=6, temperature=0, extra_body=extra)
+
+
+def _chat(client, messages=ASKED, **extra):
+    return client.chat.completions.create(model="bytes", messages=messages, max_tokens=6, temperature=0,
+                                          extra_body=extra)
+
+
+def _post(setup, path, body):
+    defaults = {"model": "bytes", "max_tokens": 4}
+    defaults.update({"messages": ASKED} if path == "chat/completions" else {"prompt": PROMPT})
+    return httpx.post(f"{setup[0].base}/v1/{path}", timeout=60, json={**defaults, **body})
+
+
+# ---- truncate_prompt_tokens ------------------------------------------------------------------
+def test_a_truncated_prompt_runs_its_last_tokens(setup, client):
+    ids = setup[1].encode(PROMPT).ids
+    cut = _complete(client, truncate_prompt_tokens=6)
+    same = _complete(client, prompt=ids[-6:])
+    assert cut.usage.prompt_tokens == 6
+    assert cut.choices[0].text == same.choices[0].text
+    assert _complete(client, truncate_prompt_tokens=len(ids) + 5).usage.prompt_tokens == len(ids)
+
+
+def test_a_truncated_prompt_echoes_what_ran(setup, client):
+    cut = _complete(client, truncate_prompt_tokens=6, echo=True, logprobs=1).choices[0]
+    plain = _complete(client, prompt=PROMPT[-6:], echo=True, logprobs=1).choices[0]
+    assert cut.text.startswith(PROMPT[-6:]) and not cut.text.startswith(PROMPT)
+    assert cut.text == plain.text and cut.logprobs.tokens == plain.logprobs.tokens
+    assert cut.logprobs.token_logprobs[0] is None and len(cut.logprobs.tokens) == 6 + 6
+
+
+def test_a_truncated_chat_runs_the_templates_last_tokens(setup, client):
+    rendered = setup[1].encode(ASKED_TEXT + "<|im_start|>assistant\n").ids
+    cut = _chat(client, truncate_prompt_tokens=5)
+    same = _complete(client, prompt=rendered[-5:])
+    assert cut.usage.prompt_tokens == 5 and cut.choices[0].message.content == same.choices[0].text
+
+
+def test_minus_one_keeps_what_the_context_holds(setup):
+    long = "x" * (CONTEXT + 40)
+    refused = _post(setup, "completions", {"prompt": long})
+    assert refused.status_code == 400 and refused.json()["error"]["code"] == "context_length_exceeded"
+    kept = _post(setup, "completions", {"prompt": long, "truncate_prompt_tokens": -1})
+    assert kept.status_code == 200, kept.text
+    assert kept.json()["usage"]["prompt_tokens"] == CONTEXT - 4
+
+
+@pytest.mark.parametrize("value", [0, -2, "8"])
+def test_a_truncation_that_keeps_nothing_or_is_no_count_is_a_400(setup, value):
+    response = _post(setup, "completions", {"truncate_prompt_tokens": value})
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == "truncate_prompt_tokens"
+
+
+# ---- the chat template's controls -------------------------------------------------------------
+def test_without_a_generation_prompt_the_chat_ends_with_its_last_turn(setup, client):
+    chat = _chat(client, add_generation_prompt=False)
+    same = _complete(client, prompt=setup[1].encode(ASKED_TEXT).ids)
+    assert chat.usage.prompt_tokens == same.usage.prompt_tokens
+    assert chat.choices[0].message.content == same.choices[0].text
+
+
+def test_a_continued_final_message_is_written_on(setup, client):
+    chat = _chat(client, PREFILLED, continue_final_message=True, add_generation_prompt=False)
+    same = _complete(client, prompt=setup[1].encode(ASKED_TEXT + "<|im_start|>assistant\nab").ids)
+    assert chat.usage.prompt_tokens == same.usage.prompt_tokens
+    assert chat.choices[0].message.content == same.choices[0].text
+    closed = _chat(client, PREFILLED)      # the default closes the assistant's turn and opens a new one
+    assert closed.usage.prompt_tokens > chat.usage.prompt_tokens
+
+
+def test_continuing_while_opening_a_new_turn_is_a_400(setup):
+    response = _post(setup, "chat/completions", {"messages": PREFILLED, "continue_final_message": True,
+                                                 "add_generation_prompt": True})
+    assert response.status_code == 400 and response.json()["error"]["param"] == "continue_final_message"
+
+
+def test_template_variables_pass_but_cannot_replace_the_conversation(setup, client):
+    # ChatML reads no variable of its own: an unknown one changes nothing.
+    assert _chat(client, chat_template_kwargs={"enable_thinking": False}).choices[0].message.content == \
+        _chat(client).choices[0].message.content
+    for kwargs in ({"messages": []}, {"add_generation_prompt": False}, {"not a name": 1}):
+        response = _post(setup, "chat/completions", {"chat_template_kwargs": kwargs})
+        assert response.status_code == 400, response.text
+        assert response.json()["error"]["param"] == "chat_template_kwargs"
+
+
+# ---- chat echo --------------------------------------------------------------------------------
+def test_chat_echo_leads_with_the_final_assistant_message(client):
+    plain = _chat(client, PREFILLED, continue_final_message=True).choices[0].message.content
+    echoed = _chat(client, PREFILLED, continue_final_message=True, echo=True).choices[0].message.content
+    assert echoed == "ab" + plain
+    # A final message that is not the assistant's is not echoed.
+    assert _chat(client, echo=True).choices[0].message.content == _chat(client).choices[0].message.content
+
+
+def test_streamed_chat_echo_equals_the_whole_answer(client):
+    whole = _chat(client, PREFILLED, continue_final_message=True, echo=True).choices[0].message.content
+    stream = client.chat.completions.create(model="bytes", messages=PREFILLED, max_tokens=6, temperature=0,
+                                            stream=True, extra_body={"continue_final_message": True, "echo": True})
+    deltas = [c.choices[0].delta.content for c in stream if c.choices and c.choices[0].delta.content]
+    assert deltas[0].startswith("ab") and "".join(deltas) == whole
+
+
+def test_chat_echo_with_tools_is_a_400(setup):
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    response = _post(setup, "chat/completions", {"tools": tools, "echo": True})
+    assert response.status_code == 400 and response.json()["error"]["param"] == "echo"
+
+
+# ---- return_tokens_as_token_ids ---------------------------------------------------------------
+def _ids(names: list[str]) -> list[int]:
+    assert all(re.fullmatch(r"token_id:\d+", n) for n in names), names
+    return [int(n.split(":")[1]) for n in names]
+
+
+def test_completion_logprobs_name_tokens_by_id(setup, client):
+    plain = _complete(client, logprobs=2).choices[0]
+    named = _complete(client, logprobs=2, return_tokens_as_token_ids=True).choices[0]
+    assert named.text == plain.text
+    assert setup[1].decode(_ids(named.logprobs.tokens)) == named.text
+    assert named.logprobs.token_logprobs == plain.logprobs.token_logprobs
+    assert named.logprobs.text_offset == plain.logprobs.text_offset       # offsets still count text
+    for top in named.logprobs.top_logprobs:
+        assert len(_ids(list(top))) == 2
+
+
+def test_chat_logprobs_name_tokens_by_id(setup, client):
+    out = client.chat.completions.create(model="bytes", messages=ASKED, max_tokens=6, temperature=0, logprobs=True,
+                                         top_logprobs=1, extra_body={"return_tokens_as_token_ids": True})
+    content = out.choices[0].logprobs.content
+    assert setup[1].decode(_ids([t.token for t in content])) == out.choices[0].message.content
+    assert all(t.bytes == list(t.token.encode()) and len(_ids([a.token for a in t.top_logprobs])) == 1
+               for t in content)
