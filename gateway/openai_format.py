@@ -4,6 +4,7 @@ chat.completion / text_completion bodies, their stream chunks (tool-call deltas 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from engines.sampler import TokenLogprob
@@ -176,18 +177,20 @@ class ChunkWriter:
     """Stream chunks of one response, in chat or completion shape."""
 
     def __init__(self, chat: bool, rid: str, created: int, model: str, include_usage: bool,
-                 pieces: TokenPieces | None):
+                 pieces: TokenPieces | None, usage_so_far: Callable[[], dict] | None = None):
+        """`usage_so_far`: vLLM's continuous usage stats, the usage each chunk carries (else null)."""
         self.chat = chat
         self._head = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
                       "created": created, "model": model}
         self.include_usage = include_usage
         self.pieces = pieces
+        self._usage_so_far = usage_so_far
         self._offsets: dict[int, int] = {}
 
     def _event(self, choice: dict) -> bytes:
         obj = {**self._head, "choices": [choice]}
         if self.include_usage:
-            obj["usage"] = None
+            obj["usage"] = self._usage_so_far() if self._usage_so_far is not None else None
         return sse_event(obj)
 
     def role(self, index: int) -> bytes:

@@ -73,6 +73,8 @@ class ChatMessage(_Body):
 
 class StreamOptions(_Body):
     include_usage: bool = False
+    # vLLM's: every chunk carries the usage so far (with include_usage).
+    continuous_usage_stats: bool = False
 
 
 # Bounds of the numeric fields: past them a value is a client error here, never an overflow in an
@@ -155,6 +157,11 @@ class _Sampling(_Body):
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def continuous_usage(self) -> bool:
+        """Usage in every chunk of the stream, not only in the last."""
+        return self.include_usage and self.stream_options.continuous_usage_stats
 
 
 class ChatCompletionRequest(_Sampling):

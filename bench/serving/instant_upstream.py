@@ -54,17 +54,20 @@ def stream_events(body: dict, chat: bool) -> list[bytes]:
     words = _WORDS[:limit]
     head = {"id": "cmpl-instant", "object": "chat.completion.chunk" if chat else "text_completion",
             "created": int(time.time()), "model": body.get("model", "instant")}
+    options = body.get("stream_options") or {}
+    # vLLM's continuous usage stats: every chunk carries the usage so far.
+    running = bool(options.get("include_usage") and options.get("continuous_usage_stats"))
     events = []
     for i, word in enumerate(words):
         piece = word if i == 0 else " " + word
         choice = ({"index": 0, "delta": {"content": piece}, "finish_reason": None} if chat
                   else {"index": 0, "text": piece, "finish_reason": None})
-        events.append({**head, "choices": [choice]})
+        events.append({**head, "choices": [choice]} | ({"usage": _usage(_prompt_words(body), i + 1)} if running else {}))
     reason = "length" if limit < len(_WORDS) else "stop"
     last = ({"index": 0, "delta": {}, "finish_reason": reason} if chat
             else {"index": 0, "text": "", "finish_reason": reason})
-    events.append({**head, "choices": [last]})
-    if (body.get("stream_options") or {}).get("include_usage"):
+    events.append({**head, "choices": [last]} | ({"usage": _usage(_prompt_words(body), len(words))} if running else {}))
+    if options.get("include_usage"):
         events.append({**head, "choices": [], "usage": _usage(_prompt_words(body), len(words))})
     return [b"data: " + json.dumps(e).encode() + b"\n\n" for e in events] + [b"data: [DONE]\n\n"]
 

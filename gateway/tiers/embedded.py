@@ -344,15 +344,16 @@ class EmbeddedTier(Tier):
         body = call.body
         chat = isinstance(body, ChatCompletionRequest)
         client_lp = body.logprobs if chat else body.logprobs is not None
+        results = {i: ChoiceResult(i) for i, _, _ in jobs}
+        so_far = (lambda: _usage(list(results.values()), body.n).as_openai()) if body.continuous_usage else None
         writer = ChunkWriter(chat, _response_id(call), int(time.time()), call.alias, body.include_usage,
-                             self._logprob_pieces(body) if client_lp else None)
+                             self._logprob_pieces(body) if client_lp else None, so_far)
         engine = self.engine
         rid = call.ctx.request_id
         scope, priority = self._scope(call)
         for _ in jobs:   # submitted together when the stream is first read
             call.span.queued(queue_depth=engine.stats.queue_depth)
         outputs = _merged(engine, [(f"{rid}-{i}", ids, p, i) for i, ids, p in jobs], scope, priority)
-        results = {i: ChoiceResult(i) for i, _, _ in jobs}
         prompt = PromptEcho.of(self.loaded, body, self._prompt_ids(call), [ids for _, ids, _ in jobs[::body.n]])
         held: dict[int, list] = {}      # a choice's outputs waiting for its prompt's scores
         first_seen = False

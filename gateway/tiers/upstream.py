@@ -121,6 +121,8 @@ class UpstreamTier(Tier):
         if stream:
             body["stream"] = True
             body["stream_options"] = {"include_usage": True}   # so usage can be counted
+            if call.body.continuous_usage:
+                body["stream_options"]["continuous_usage_stats"] = True
         if call.scoring is not None and not body.get("logprobs"):
             body["logprobs"] = True if isinstance(call.body, ChatCompletionRequest) else 1
         return to_json(body)
@@ -236,11 +238,14 @@ class UpstreamTier(Tier):
                     raise UpstreamFailure("not_event_stream", f"content-type {response.headers.get('content-type')!r}")
                 reader = StreamReader(self.config.max_response_bytes, facts, call.span.recording)
                 include_usage = call.body.include_usage
+                # Continuous usage stats put the usage so far in every chunk: only the closing
+                # usage chunk is the answer's, so only it is counted.
+                running_usage = call.body.continuous_usage
                 pieces = response.aiter_bytes()
                 while True:
                     data = await anext(pieces, None)
                     for event, usage, usage_only in (reader.end() if data is None else reader.feed(data)):
-                        if usage is not None:
+                        if usage is not None and (usage_only or not running_usage):
                             ctx.usage.add(usage)
                         if not relayed:
                             relayed = True

@@ -96,6 +96,22 @@ async def test_async_chat_and_completions(gw):
     await client.close()
 
 
+def test_continuous_usage_is_relayed_and_counted_once(gw, caplog):
+    """vLLM's continuous_usage_stats reach the upstream; every chunk's running usage is passed on,
+    and only the closing usage is counted (not the sum of the running ones)."""
+    caplog.set_level(logging.INFO, logger="tiergate.requests")
+    raw = _client(gw).chat.completions.with_raw_response.create(
+        model="direct", messages=MSG, stream=True, stream_options={"include_usage": True},
+        extra_body={"stream_options": {"include_usage": True, "continuous_usage_stats": True}})
+    chunks = list(raw.parse())
+    words = len(ANSWER.split())
+    running = [c.usage.completion_tokens for c in chunks if c.choices and c.choices[0].delta.content]
+    assert running == list(range(1, words + 1))
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == words
+    line = logged_request(caplog, raw.headers["x-request-id"])
+    assert (line["prompt_tokens"], line["completion_tokens"]) == (2, words)
+
+
 def test_streaming_passthrough_with_and_without_usage(gw, caplog):
     caplog.set_level(logging.INFO, logger="tiergate.requests")
     client = _client(gw)
