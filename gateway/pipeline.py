@@ -247,10 +247,13 @@ class Pipeline:
 
 def _cascade_gate(rt: Runtime, ctx: RequestContext, body, decision: RouteDecision) -> CascadeGate | None:
     """The request's cascade gate; None (with the reason why) where it cannot judge the request:
-    the first tokens of several choices are not one answer's start."""
+    the first tokens of several choices are not one answer's start, and a beam search has none."""
     choices = body.n * (1 if isinstance(body, ChatCompletionRequest) else len(body.prompts()))
     if choices > 1:
         ctx.reasons.append(f"cascade off: {choices} choices")
+        return None
+    if (body.model_extra or {}).get("use_beam_search"):
+        ctx.reasons.append("cascade off: beam search")     # it samples no first token to judge
         return None
     if decision.cascade.reads_prefill:
         return CascadeGate(decision.cascade, ctx, rt.unusable_reason, rt.classifier.gain_model, ctx.text_gain)

@@ -44,6 +44,7 @@ from gateway.openai_format import (
 )
 from gateway.schema import ChatCompletionRequest, RequestBody
 from gateway.tiers.base import ALL_TOKEN_SIGNALS, Tier, TierAnswer, TierCall, TierFailure
+from gateway.tiers.beam_search import beam_choices, beam_search_asked
 from gateway.tiers.embedded_jobs import Job, check_supported, engine_jobs
 from gateway.tiers.embedded_prompts import render_prompts, truncate_prompts
 from gateway.tiers.embedded_load import build_engine, build_worker_engine, load_tier_model
@@ -275,6 +276,9 @@ class EmbeddedTier(Tier):
         return TokenIdPieces(self.pieces) if (body.model_extra or {}).get("return_tokens_as_token_ids") else self.pieces
 
     async def complete(self, call: TierCall) -> TierAnswer:
+        if beam_search_asked(call.body):
+            results, usage = await self._beam_search(call)
+            return TierAnswer(json_bytes(self._beam_body(call, results, usage)), usage)
         jobs = self._jobs(call)
         engine = self.engine      # this call's engine, even if a restart replaces it meanwhile
         rid = call.ctx.request_id
@@ -340,6 +344,10 @@ class EmbeddedTier(Tier):
         return TierAnswer(await asyncio.to_thread(answer) if prompt.scored else answer(), usage)
 
     async def stream(self, call: TierCall) -> AsyncIterator[bytes]:
+        if beam_search_asked(call.body):
+            async for chunk in self._beam_stream(call):
+                yield chunk
+            return
         jobs = self._jobs(call)   # raises before the first byte: bad request or unfit tier
         body = call.body
         chat = isinstance(body, ChatCompletionRequest)
@@ -409,6 +417,46 @@ class EmbeddedTier(Tier):
             _finish_span(call, list(results.values()), usage)
         if body.include_usage:
             yield writer.usage(_usage(list(results.values()), body.n).as_openai())
+        yield SSE_DONE
+
+
+    # ---- beam search (gateway/tiers/beam_search.py): the answer comes whole, streamed or not ----
+    async def _beam_search(self, call: TierCall) -> tuple[list[ChoiceResult], Usage]:
+        if self.engine is None:
+            raise TierFailure(f"tier {self.name} is not loaded")
+        check_supported(call.body)
+        engine = self.engine
+        scope, priority = self._scope(call)
+        spent = Usage()
+        try:
+            results = await beam_choices(engine, engine.front, call.body, f"{call.ctx.request_id}",
+                                         self._engine_prompts(call), scope, priority, spent)
+        except BaseException as exc:
+            call.ctx.usage.add(spent)      # what the engine generated before the failure is charged
+            if isinstance(exc, BaseExceptionGroup):
+                raise _tier_error(exc.exceptions[0]) from None
+            raise
+        _first_token(call)
+        _finish_span(call, results, spent)
+        return results, spent
+
+    def _beam_body(self, call: TierCall, results: list[ChoiceResult], usage: Usage) -> dict:
+        build = chat_body if isinstance(call.body, ChatCompletionRequest) else completion_body
+        return build(_response_id(call), int(time.time()), call.alias, results, usage.as_openai(), None)
+
+    async def _beam_stream(self, call: TierCall) -> AsyncIterator[bytes]:
+        body = call.body
+        chat = isinstance(body, ChatCompletionRequest)
+        results, usage = await self._beam_search(call)
+        call.ctx.usage.add(usage)
+        writer = ChunkWriter(chat, _response_id(call), int(time.time()), call.alias, body.include_usage, None,
+                             (lambda: usage.as_openai()) if body.continuous_usage else None)
+        for slot in results:
+            if chat:
+                yield writer.role(slot.index)
+            yield writer.delta(slot.index, slot.text, None, slot.finish_reason)
+        if body.include_usage:
+            yield writer.usage(usage.as_openai())
         yield SSE_DONE
 
 

@@ -16,6 +16,7 @@ from gateway.guided_decoding import guided_grammar
 from gateway.response_format import response_format_grammar
 from gateway.schema import ChatCompletionRequest, RequestBody
 from gateway.tiers.base import TierCall, TierUnfit
+from gateway.tiers.beam_search import beam_search_asked, check_beam_request
 from gateway.tiers.prompt_echo import check_size, engine_prompt_logprobs, prompt_logprobs_asked
 from gateway.tool_plan import tool_plan
 
@@ -26,7 +27,7 @@ from gateway.tool_plan import tool_plan
 # min_tokens, allowed_token_ids, bad_words, stop_token_ids, include_stop_str_in_output,
 # skip_special_tokens, prompt_logprobs, truncate_prompt_tokens, return_tokens_as_token_ids, the
 # guided decoding fields; in chat echo, add_generation_prompt, continue_final_message,
-# chat_template_kwargs) or change nothing in the output (metadata, store, user, prompt_cache_key, ...).
+# chat_template_kwargs; use_beam_search and with it length_penalty: gateway/tiers/beam_search.py) or change nothing in the output (metadata, store, user, prompt_cache_key, ...).
 # A client's own `chat_template` is refused, as vLLM refuses it unless its operator trusts clients.
 _NEUTRAL_BOTH = {"use_beam_search": (False,), "length_penalty": (1, 1.0)}
 _NEUTRAL_CHAT = {"functions": ([],), "function_call": ("", {}), "chat_template": (), "documents": ([],),
@@ -50,6 +51,9 @@ def check_supported(body: RequestBody) -> None:
         if body.suffix:
             raise GatewayError(400, "suffix is not supported by embedded tiers", param="suffix")
     neutral = _NEUTRAL_BOTH | (_NEUTRAL_CHAT if chat else {})
+    if beam_search_asked(body):            # its own rules; length_penalty is its own field
+        check_beam_request(body)
+        neutral = {k: v for k, v in neutral.items() if k not in ("use_beam_search", "length_penalty")}
     for name, value in extra.items():
         if name in neutral and value is not None and value not in neutral[name]:
             raise GatewayError(400, f"'{name}' is not supported by embedded tiers", param=name)

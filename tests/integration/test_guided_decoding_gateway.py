@@ -125,8 +125,8 @@ def test_a_constraint_that_cannot_be_honoured_is_a_400_naming_it(setup, body, pa
     assert error["type"] == "invalid_request_error" and error["param"] == param, error
 
 
-@pytest.mark.parametrize("field,value", [("length_penalty", 1.5), ("use_beam_search", True),
-                                         ("chat_template", "{{ messages }}"), ("best_of", 2),
+@pytest.mark.parametrize("field,value", [("length_penalty", 1.5), ("chat_template", "{{ messages }}"),
+                                         ("best_of", 2),
                                          ("documents", [{"title": "a", "text": "b"}]),
                                          ("functions", [{"name": "f"}]),
                                          ("function_call", "auto")])
