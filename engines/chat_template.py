@@ -7,6 +7,7 @@ from datetime import datetime
 from typing import Any
 
 import jinja2
+from jinja2.defaults import DEFAULT_NAMESPACE
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from engines.errors import ModelLoadError
@@ -19,9 +20,11 @@ CHATML_TEMPLATE = (
 )
 
 
-# Variables the renderer itself sets: a caller's extra template variables may not replace them.
+# Variables the renderer itself sets, and Jinja's own globals (`namespace`, `range`, ...): a
+# caller's extra template variables may not replace them.
 RESERVED_VARIABLES = frozenset({"messages", "tools", "add_generation_prompt", "continue_final_message",
-                                "bos_token", "eos_token", "raise_exception", "strftime_now"})
+                                "bos_token", "eos_token", "raise_exception", "strftime_now"}) | \
+    frozenset(DEFAULT_NAMESPACE)
 
 # Stands in for the final message's content while rendering a conversation to be continued: where
 # it lands is where that message's text begins, whatever the template writes around it.
@@ -109,5 +112,8 @@ class ChatTemplate:
             )
         except ChatTemplateError:
             raise
-        except jinja2.TemplateError as exc:
+        except (jinja2.TemplateError, TypeError, ValueError, AttributeError, KeyError, IndexError,
+                ArithmeticError, RecursionError) as exc:
+            # A template reading a caller's variable of a type it does not expect fails in Python,
+            # not in Jinja: still the request's fault.
             raise ChatTemplateError(f"chat template failed: {exc}") from None

@@ -177,8 +177,9 @@ class ChunkWriter:
     """Stream chunks of one response, in chat or completion shape."""
 
     def __init__(self, chat: bool, rid: str, created: int, model: str, include_usage: bool,
-                 pieces: TokenPieces | None, usage_so_far: Callable[[], dict] | None = None):
-        """`usage_so_far`: vLLM's continuous usage stats, the usage each chunk carries (else null)."""
+                 pieces: TokenPieces | None, usage_so_far: Callable[[int], dict] | None = None):
+        """`usage_so_far`: vLLM's continuous usage stats, the usage a chunk of choice i carries
+        (else null)."""
         self.chat = chat
         self._head = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
                       "created": created, "model": model}
@@ -190,7 +191,7 @@ class ChunkWriter:
     def _event(self, choice: dict) -> bytes:
         obj = {**self._head, "choices": [choice]}
         if self.include_usage:
-            obj["usage"] = self._usage_so_far() if self._usage_so_far is not None else None
+            obj["usage"] = self._usage_so_far(choice["index"]) if self._usage_so_far is not None else None
         return sse_event(obj)
 
     def role(self, index: int) -> bytes:

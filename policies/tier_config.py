@@ -157,6 +157,10 @@ class UpstreamTierConfig(_TierBase):
     supports_cache_salt: bool = Field(
         False, description="the upstream accepts vLLM's `cache_salt`: it gets one derived from the tenant's "
                            "prefix-cache scope (and the request's salt); otherwise no cache_salt is sent")
+    supports_continuous_usage: bool = Field(
+        False, description="the upstream accepts vLLM's `stream_options.continuous_usage_stats` (usage in every "
+                           "chunk): a stream that asks for it passes it on; otherwise it is not sent, and the "
+                           "stream carries usage only in its closing chunk")
 
     @model_validator(mode="after")
     def _check(self) -> UpstreamTierConfig:

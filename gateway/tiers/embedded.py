@@ -353,9 +353,14 @@ class EmbeddedTier(Tier):
         chat = isinstance(body, ChatCompletionRequest)
         client_lp = body.logprobs if chat else body.logprobs is not None
         results = {i: ChoiceResult(i) for i, _, _ in jobs}
-        so_far = (lambda: _usage(list(results.values()), body.n).as_openai()) if body.continuous_usage else None
+        prompt_len = {i: len(ids) for i, ids, _ in jobs}
+
+        def usage_of(i: int) -> dict:     # vLLM's numbers: the choice's own prompt and its tokens so far
+            return Usage(prompt_len[i], results[i].completion_tokens).as_openai()
+
         writer = ChunkWriter(chat, _response_id(call), int(time.time()), call.alias, body.include_usage,
-                             self._logprob_pieces(body) if client_lp else None, so_far)
+                             self._logprob_pieces(body) if client_lp else None,
+                             usage_of if body.continuous_usage else None)
         engine = self.engine
         rid = call.ctx.request_id
         scope, priority = self._scope(call)
@@ -450,7 +455,7 @@ class EmbeddedTier(Tier):
         results, usage = await self._beam_search(call)
         call.ctx.usage.add(usage)
         writer = ChunkWriter(chat, _response_id(call), int(time.time()), call.alias, body.include_usage, None,
-                             (lambda: usage.as_openai()) if body.continuous_usage else None)
+                             (lambda i: usage.as_openai()) if body.continuous_usage else None)    # the search's
         for slot in results:
             if chat:
                 yield writer.role(slot.index)

@@ -72,9 +72,12 @@ def truncate_prompts(body: RequestBody, prompts: list[list[int]], max_model_len:
 
 
 def chat_echo_text(body: RequestBody) -> str | None:
-    """vLLM's chat `echo`: the final message's content when it is the assistant's (a continued
-    answer leads with what the client wrote), else nothing. None when echo is not asked."""
-    if not isinstance(body, ChatCompletionRequest) or not (body.model_extra or {}).get("echo"):
+    """vLLM's chat `echo`: the final message's content when the answer continues it (it is the
+    assistant's, or no generation prompt opens a new turn), else nothing. None when echo is not
+    asked."""
+    extra = body.model_extra or {}
+    if not isinstance(body, ChatCompletionRequest) or not extra.get("echo"):
         return None
     final = body.messages[-1]
-    return final.text() if final.role == "assistant" else ""
+    continues = final.role == "assistant" or extra.get("add_generation_prompt") is False
+    return final.text() if continues else ""

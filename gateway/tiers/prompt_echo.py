@@ -75,7 +75,8 @@ class PromptEcho:
             chat_echo = chat_echo_text(body)
             texts = None if chat_echo is None else [chat_echo]
         elif body.echo:
-            texts = [p if isinstance(p, str) and ids is whole else loaded.tokenizer.decode(ids)
+            # Special tokens stay in the text, so that it and the echoed tokens' offsets agree.
+            texts = [p if isinstance(p, str) and ids is whole else loaded.tokenizer.decode(ids, skip_special_tokens=False)
                      for p, whole, ids in zip(body.prompts(), rendered, run)]
         return cls(body.n, texts, echo_logprobs_asked(body), prompt_logprobs_asked(body))
 

@@ -121,7 +121,7 @@ class UpstreamTier(Tier):
         if stream:
             body["stream"] = True
             body["stream_options"] = {"include_usage": True}   # so usage can be counted
-            if call.body.continuous_usage:
+            if call.body.continuous_usage and self.config.supports_continuous_usage:
                 body["stream_options"]["continuous_usage_stats"] = True
         if call.scoring is not None and not body.get("logprobs"):
             body["logprobs"] = True if isinstance(call.body, ChatCompletionRequest) else 1
@@ -240,7 +240,7 @@ class UpstreamTier(Tier):
                 include_usage = call.body.include_usage
                 # Continuous usage stats put the usage so far in every chunk: only the closing
                 # usage chunk is the answer's, so only it is counted.
-                running_usage = call.body.continuous_usage
+                running_usage = call.body.continuous_usage and self.config.supports_continuous_usage
                 pieces = response.aiter_bytes()
                 while True:
                     data = await anext(pieces, None)

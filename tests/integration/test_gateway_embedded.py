@@ -185,3 +185,28 @@ def _assert_aborted(engine) -> None:
     assert not engine.has_unfinished()
     time.sleep(0.3)
     assert engine.stats.generated_tokens == generated
+
+
+def test_beam_search_equals_transformers_on_the_real_model(client, hf_reference, hf_tokenizer):
+    """vLLM's use_beam_search: the three best beams of 8 tokens, as transformers' num_beams finds them."""
+    import torch
+    from transformers import GenerationConfig
+
+    prompt = "The three primary colours are"
+    ids = hf_tokenizer(prompt, return_tensors="pt").input_ids
+    cfg = GenerationConfig(num_beams=3, num_return_sequences=3, do_sample=False, max_new_tokens=8,
+                           eos_token_id=None, pad_token_id=0, early_stopping=False)
+    with torch.no_grad():
+        expected = [hf_tokenizer.decode(s[ids.shape[1]:]) for s in hf_reference.generate(ids, generation_config=cfg)]
+    out = client.completions.create(model="smol", prompt=prompt, n=3, max_tokens=8,
+                                    extra_body={"use_beam_search": True, "ignore_eos": True})
+    assert [c.text for c in sorted(out.choices, key=lambda c: c.index)] == expected
+
+
+def test_a_prefilled_answer_is_continued(client):
+    messages = QUESTION + [{"role": "assistant", "content": "The capital of France is"}]
+    resp = client.chat.completions.create(model="smol", messages=messages, temperature=0, max_tokens=8,
+                                          extra_body={"continue_final_message": True, "add_generation_prompt": False,
+                                                      "echo": True})
+    text = resp.choices[0].message.content
+    assert text.startswith("The capital of France is") and "Paris" in text

@@ -33,9 +33,11 @@ tiers:
   dead: {{kind: upstream, base_url: "http://127.0.0.1:{dead_port}/v1", model: x, connect_timeout_s: 1}}
   up: {{kind: upstream, base_url: "{upstream}", model: instant}}
   tight: {{kind: upstream, base_url: "{upstream}", model: instant, max_model_len: 40}}
+  running: {{kind: upstream, base_url: "{upstream}", model: instant, supports_continuous_usage: true}}
 models:
   remote: {{chain: [dead, up]}}
   direct: {{chain: [up]}}
+  running: {{chain: [running]}}
   tight-first: {{chain: [tight, up]}}
   tight-only: {{chain: [tight]}}
   nowhere: {{chain: [dead]}}
@@ -96,20 +98,34 @@ async def test_async_chat_and_completions(gw):
     await client.close()
 
 
-def test_continuous_usage_is_relayed_and_counted_once(gw, caplog):
-    """vLLM's continuous_usage_stats reach the upstream; every chunk's running usage is passed on,
-    and only the closing usage is counted (not the sum of the running ones)."""
-    caplog.set_level(logging.INFO, logger="tiergate.requests")
+def _running_usage_stream(gw, model: str):
     raw = _client(gw).chat.completions.with_raw_response.create(
-        model="direct", messages=MSG, stream=True, stream_options={"include_usage": True},
-        extra_body={"stream_options": {"include_usage": True, "continuous_usage_stats": True}})
-    chunks = list(raw.parse())
+        model=model, messages=MSG, stream=True,
+        stream_options={"include_usage": True, "continuous_usage_stats": True})
+    return raw.parse(), raw.headers["x-request-id"]
+
+
+def test_continuous_usage_is_relayed_and_counted_once(gw, caplog):
+    """vLLM's continuous_usage_stats reach an upstream that supports them; every chunk's running
+    usage is passed on, and only the closing usage is counted (not the sum of the running ones)."""
+    caplog.set_level(logging.INFO, logger="tiergate.requests")
+    stream, request_id = _running_usage_stream(gw, "running")
+    chunks = list(stream)
     words = len(ANSWER.split())
     running = [c.usage.completion_tokens for c in chunks if c.choices and c.choices[0].delta.content]
     assert running == list(range(1, words + 1))
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == words
-    line = logged_request(caplog, raw.headers["x-request-id"])
+    line = logged_request(caplog, request_id)
     assert (line["prompt_tokens"], line["completion_tokens"]) == (2, words)
+
+
+def test_continuous_usage_is_not_sent_to_an_upstream_that_may_refuse_it(gw, caplog):
+    caplog.set_level(logging.INFO, logger="tiergate.requests")
+    stream, request_id = _running_usage_stream(gw, "direct")
+    chunks = list(stream)
+    assert all(c.usage is None for c in chunks[:-1]) and chunks[-1].usage.completion_tokens == len(ANSWER.split())
+    line = logged_request(caplog, request_id)
+    assert line["completion_tokens"] == len(ANSWER.split())
 
 
 def test_streaming_passthrough_with_and_without_usage(gw, caplog):
@@ -214,7 +230,7 @@ def test_no_tier_left_is_503(gw):
 def test_health_ready_openapi(gw):
     assert httpx.get(f"{gw.base}/healthz").json() == {"status": "ok"}
     ready = httpx.get(f"{gw.base}/readyz").json()
-    assert ready["status"] == "ready" and set(ready["tiers"]) == {"dead", "up", "tight"}
+    assert ready["status"] == "ready" and set(ready["tiers"]) == {"dead", "up", "tight", "running"}
     doc = httpx.get(f"{gw.base}/openapi.json").json()
     assert {"/v1/chat/completions", "/v1/completions", "/v1/models", "/healthz", "/readyz"} <= set(doc["paths"])
     chat_schema = doc["components"]["schemas"]["ChatCompletionRequest"]

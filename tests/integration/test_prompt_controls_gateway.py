@@ -67,6 +67,15 @@ def test_a_truncated_prompt_echoes_what_ran(setup, client):
     assert cut.logprobs.token_logprobs[0] is None and len(cut.logprobs.tokens) == 6 + 6
 
 
+def test_a_truncated_echo_keeps_special_tokens_in_line_with_its_offsets(setup, client):
+    prompt = "Hi<|im_end|>\n<|im_start|>assistant\n"
+    cut = _complete(client, prompt=prompt, truncate_prompt_tokens=13, echo=True, logprobs=0).choices[0]
+    assert cut.text.startswith("<|im_end|>\n<|im_start|>assistant\n")
+    lp = cut.logprobs
+    assert lp.tokens[:2] == ["<|im_end|>", "\n"] and lp.text_offset[:3] == [0, 10, 11]
+    assert all(cut.text[o:].startswith(t) for o, t in zip(lp.text_offset[:13], lp.tokens[:13]))
+
+
 def test_a_truncated_chat_runs_the_templates_last_tokens(setup, client):
     rendered = setup[1].encode(ASKED_TEXT + "<|im_start|>assistant\n").ids
     cut = _chat(client, truncate_prompt_tokens=5)
@@ -128,8 +137,10 @@ def test_chat_echo_leads_with_the_final_assistant_message(client):
     plain = _chat(client, PREFILLED, continue_final_message=True).choices[0].message.content
     echoed = _chat(client, PREFILLED, continue_final_message=True, echo=True).choices[0].message.content
     assert echoed == "ab" + plain
-    # A final message that is not the assistant's is not echoed.
+    # A final message that is not the assistant's is not echoed, unless no new turn is opened.
     assert _chat(client, echo=True).choices[0].message.content == _chat(client).choices[0].message.content
+    open_turn = _chat(client, add_generation_prompt=False).choices[0].message.content
+    assert _chat(client, add_generation_prompt=False, echo=True).choices[0].message.content == "Answer." + open_turn
 
 
 def test_streamed_chat_echo_equals_the_whole_answer(client):

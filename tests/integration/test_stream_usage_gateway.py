@@ -26,17 +26,20 @@ def _chat_chunks(client, options, n=1):
 
 
 @pytest.mark.parametrize("n", [1, 2])
-def test_every_chat_chunk_carries_the_usage_so_far(client, n):
+def test_every_chat_chunk_carries_its_choices_usage_so_far(client, n):
+    """vLLM's numbers: a chunk of choice i carries its prompt's tokens and the tokens choice i has
+    generated so far; the closing chunk, the whole request's."""
     closing = _chat_chunks(client, {"include_usage": True}, n)[-1].usage
     chunks = _chat_chunks(client, RUNNING, n)
     last = chunks[-1].usage        # (its cached tokens differ: the second run finds the prompt cached)
     assert chunks[-1].choices == [] and (last.prompt_tokens, last.completion_tokens) == \
         (closing.prompt_tokens, closing.completion_tokens)
     assert closing.completion_tokens == 8 * n
-    running = [c.usage for c in chunks[:-1]]
-    assert all(u is not None and u.prompt_tokens == closing.prompt_tokens for u in running)
-    done = [u.completion_tokens for u in running]
-    assert done == sorted(done) and done[-1] == closing.completion_tokens
+    for index in range(n):
+        running = [c.usage for c in chunks[:-1] if c.choices[0].index == index]
+        assert all(u is not None and u.prompt_tokens == closing.prompt_tokens for u in running)
+        done = [u.completion_tokens for u in running]
+        assert done == sorted(done) and done[-1] == 8
 
 
 def test_every_completion_chunk_carries_the_usage_so_far(client):

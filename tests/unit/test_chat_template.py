@@ -79,6 +79,14 @@ def test_extra_template_variables_reach_the_template_but_cannot_replace_its_inpu
     tpl = ChatTemplate("{% if brief %}[brief]{% endif %}{% for m in messages %}{{ m['content'] }}{% endfor %}")
     assert tpl.render([{"role": "user", "content": "a"}], variables={"brief": True}) == "[brief]a"
     assert tpl.render([{"role": "user", "content": "a"}]) == "a"
-    for name in ("messages", "bos_token", "add_generation_prompt", "raise_exception"):
+    for name in ("messages", "bos_token", "add_generation_prompt", "raise_exception", "namespace", "range"):
         with pytest.raises(ChatTemplateError, match="set by the renderer"):
             tpl.render([{"role": "user", "content": "a"}], variables={name: "x"})
+
+
+def test_a_variable_of_the_wrong_type_is_the_callers_error():
+    # Python's own TypeError inside the template (as Llama 3's date_string + "..." would raise).
+    tpl = ChatTemplate("{{ date_string + ' 2024' }}{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    assert tpl.render([{"role": "user", "content": "a"}], variables={"date_string": "1 May"}) == "1 May 2024a"
+    with pytest.raises(ChatTemplateError, match="chat template failed"):
+        tpl.render([{"role": "user", "content": "a"}], variables={"date_string": 1})
