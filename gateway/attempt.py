@@ -206,10 +206,12 @@ class Attempt:
 
     async def _record(self, outcome: Outcome) -> None:
         ctx = self.request.ctx
-        # Time to first token is seen on streams only (a whole answer's time is not a TTFT).
+        # Time to first token is seen on streams only (a whole answer's time is not a TTFT, nor is
+        # a beam search's, whose stream starts when the search is done).
         ttft = None
         first = self.tier_first_token_at or ctx.first_token_at
-        if outcome is Outcome.SUCCESS and ctx.stream and first is not None and first >= self.started:
+        timed = ctx.stream and not self.request.call.body.beam_search
+        if outcome is Outcome.SUCCESS and timed and first is not None and first >= self.started:
             ttft = first - self.started
         name = self.permit.name
         result = await self.request.limits.breakers.record(self.permit, outcome, ttft)

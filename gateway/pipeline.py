@@ -252,7 +252,7 @@ def _cascade_gate(rt: Runtime, ctx: RequestContext, body, decision: RouteDecisio
     if choices > 1:
         ctx.reasons.append(f"cascade off: {choices} choices")
         return None
-    if (body.model_extra or {}).get("use_beam_search"):
+    if body.beam_search:
         ctx.reasons.append("cascade off: beam search")     # it samples no first token to judge
         return None
     if decision.cascade.reads_prefill:

@@ -159,6 +159,11 @@ class _Sampling(_Body):
         return bool(self.stream_options and self.stream_options.include_usage)
 
     @property
+    def beam_search(self) -> bool:
+        """vLLM's use_beam_search: the answer is the n likeliest beams, found whole, not sampled."""
+        return bool((self.model_extra or {}).get("use_beam_search"))
+
+    @property
     def continuous_usage(self) -> bool:
         """Usage in every chunk of the stream, not only in the last."""
         return self.include_usage and self.stream_options.continuous_usage_stats

@@ -163,10 +163,10 @@ routing:
 
 
 def byte_model_config(model_dir: Path, *, max_model_len: int = 256, kv_cache_memory: str = "4MiB",
-                      max_num_batched_tokens: int = 256, tiers: str = "", models: str = "") -> str:
+                      max_num_batched_tokens: int = 256, tiers: str = "", models: str = "", sections: str = "") -> str:
     """A gateway whose model `bytes` is the tiny byte-level Llama at `model_dir` (constrained
     decoding tests: it can spell anything and, unmasked, writes noise); `tiers` and `models` add
-    YAML lines to those sections."""
+    YAML lines to those sections, `sections` whole top-level sections."""
     return f"""
 auth: {{enabled: false}}
 server: {{reload_poll_s: 0}}
@@ -175,7 +175,7 @@ tiers:
           max_num_seqs: 8, max_num_batched_tokens: {max_num_batched_tokens}}}
 {tiers}models:
   bytes: {{chain: [bytes]}}
-{models}"""
+{models}{sections}"""
 
 
 def start_byte_gateway(tmp_dir: Path, seed: int, **config):

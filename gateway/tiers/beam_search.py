@@ -5,8 +5,10 @@ As vLLM does it, outside the engine: every step submits one request per live bea
 tokens so far, one token, the 2n likeliest next tokens with their logprobs), and the prefix cache
 keeps each step to the beam's last partial block. A beam's score is its summed logprob divided by
 its length in tokens (the stop token not counted) to the power `length_penalty`. The search ends
-at `max_tokens`, when no beam is live, or (Hugging Face's stopping rule) once `n` beams have
-finished and no live beam scores above the worst of them.
+at `max_tokens`, when no beam is live, or (Hugging Face's default stopping rule) once `n` beams
+have finished and the best live beam, at its current length, scores no higher than the worst of
+them (a longer beam could still score higher with a positive length_penalty; Hugging Face stops
+there too, vLLM only at max_tokens).
 
 Beam search reads the model's own distribution: it samples nothing, so the fields that shape
 sampling (temperature other than 0 or 1, top_p, top_k, min_p, penalties, biases, bans, stop
@@ -32,11 +34,12 @@ from gateway.tiers.base import TierUnfit
 from gateway.tool_plan import tool_plan
 
 MAX_BEAM_WIDTH = 10        # the engine reports at most 20 alternatives per token: 2 per beam
+MAX_LENGTH_PENALTY = 10.0  # length ** penalty stays a finite float for any length a context holds
 
 # Fields that would change a sampled answer, at the values where they change nothing.
 _NEUTRAL = {"temperature": (None, 0, 0.0, 1, 1.0), "top_p": (None, 1, 1.0), "top_k": (None, 0, -1),
             "min_p": (None, 0, 0.0), "presence_penalty": (None, 0, 0.0), "frequency_penalty": (None, 0, 0.0),
-            "stop": (None, [], ""), "logprobs": (None, False, 0), "top_logprobs": (None, 0)}
+            "stop": (None, [], ""), "top_logprobs": (None, 0)}
 _NEUTRAL_EXTRA = {"repetition_penalty": (None, 1, 1.0), "min_tokens": (None, 0), "logit_bias": (None, {}),
                   "allowed_token_ids": (None,), "bad_words": (None, []), "prompt_logprobs": (None,),
                   "response_format": (None, {"type": "text"}), "guided_json": (None,), "guided_regex": (None,),
@@ -45,7 +48,7 @@ _NEUTRAL_EXTRA = {"repetition_penalty": (None, 1, 1.0), "min_tokens": (None, 0),
 
 
 def beam_search_asked(body: RequestBody) -> bool:
-    return bool((body.model_extra or {}).get("use_beam_search"))
+    return body.beam_search
 
 
 def check_beam_request(body: RequestBody) -> None:
@@ -53,6 +56,13 @@ def check_beam_request(body: RequestBody) -> None:
     extra = body.model_extra or {}
     if body.n > MAX_BEAM_WIDTH:
         raise GatewayError(400, f"beam search keeps at most {MAX_BEAM_WIDTH} beams (n)", param="n")
+    penalty = extra.get("length_penalty")
+    if penalty is not None and abs(penalty) > MAX_LENGTH_PENALTY:
+        raise GatewayError(400, f"length_penalty must be between -{MAX_LENGTH_PENALTY:g} and {MAX_LENGTH_PENALTY:g}",
+                           param="length_penalty")
+    # Chat's logprobs is a switch; completions' a count, where 0 still asks for the chosen tokens'.
+    if (body.logprobs if isinstance(body, ChatCompletionRequest) else body.logprobs is not None):
+        raise GatewayError(400, "'logprobs' cannot be combined with use_beam_search", param="logprobs")
     for name, neutral in _NEUTRAL.items():
         value = getattr(body, name, None)
         if value not in neutral:
@@ -87,14 +97,14 @@ class BeamSettings:
 
 async def search(engine: AsyncEngine, run_id: str, prompt: list[int], settings: BeamSettings,
                  scope: str | None, priority: int, spent: Usage) -> list[Beam]:
-    """The `width` best beams, best first; each step's generated tokens are added to `spent`."""
+    """The `width` best beams, best first; the work is added to `spent` as it is done."""
     width, penalty = settings.width, settings.length_penalty
     live, done = [Beam((), 0.0)], []
     for step in range(settings.max_tokens):
         async with asyncio.TaskGroup() as group:      # one failure cancels (and aborts) the others
             tasks = [group.create_task(_next_token(engine, f"{run_id}-{step}-{i}", prompt + list(beam.tokens),
-                                                   2 * width, scope, priority)) for i, beam in enumerate(live)]
-        spent.completion_tokens += len(live)
+                                                   2 * width, scope, priority, spent, step == 0))
+                     for i, beam in enumerate(live)]
         grown = []
         for beam, task in zip(live, tasks):
             for token, logprob in task.result().top:
@@ -109,15 +119,26 @@ async def search(engine: AsyncEngine, run_id: str, prompt: list[int], settings: 
 
 
 async def _next_token(engine: AsyncEngine, request_id: str, ids: list[int], top: int, scope: str | None,
-                      priority: int) -> TokenLogprob:
+                      priority: int, spent: Usage, first: bool) -> TokenLogprob:
+    """One beam's next-token candidates. Its work goes to `spent` when it is done: the token, and
+    the prompt tokens the engine prefilled. The first step's prompt is the request's own (its
+    cache hits reported as such); a later step's is the beam so far, of which only what the prefix
+    cache did not hold was computed, and that is charged as prompt tokens."""
     params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True, logprobs=True, top_logprobs=top)
-    found = None
+    found, last = None, None
     async with contextlib.aclosing(engine.generate(request_id, ids, params, scope, priority)) as outputs:
         async for out in outputs:
+            last = out
             if out.logprobs:
                 found = out.logprobs[0]
     if found is None:
         raise RuntimeError("the engine answered a beam step without a token")
+    spent.completion_tokens += 1
+    if first:
+        spent.prompt_tokens += last.prompt_tokens
+        spent.cached_tokens += last.cached_tokens
+    else:
+        spent.prompt_tokens += last.prompt_tokens - last.cached_tokens
     return found
 
 
@@ -133,8 +154,9 @@ def beam_settings(body: RequestBody, front: LLMEngine, prompt: list[int], chat: 
                                      code="context_length_exceeded")) from None
     except InvalidRequestError as exc:
         raise GatewayError(400, str(exc), param=exc.param) from None
-    stop_ids = frozenset() if body.ignore_eos else \
-        frozenset(front.tokenizer.eos_token_ids) | frozenset(extra.get("stop_token_ids") or ())
+    stop_ids = frozenset(extra.get("stop_token_ids") or ())     # ignore_eos ignores EOS alone, as in sampling
+    if not body.ignore_eos:
+        stop_ids |= front.tokenizer.eos_token_ids
     penalty = extra.get("length_penalty")
     return BeamSettings(body.n, max_tokens, stop_ids, 1.0 if penalty is None else float(penalty))
 
@@ -142,14 +164,13 @@ def beam_settings(body: RequestBody, front: LLMEngine, prompt: list[int], chat: 
 async def beam_choices(engine: AsyncEngine, front: LLMEngine, body: RequestBody, run_id: str,
                        prompts: list[list[int]], scope: str | None, priority: int, spent: Usage) -> list[ChoiceResult]:
     """Every prompt's `n` beams as choices (prompt p's at indices p*n ...). `spent` counts the work
-    as it is done, so a search cut short is charged what it generated: each prompt once, and
-    every token generated on every beam."""
+    as it is done, so a search cut short is charged what it did: every token generated on every
+    beam, each prompt once, and what each later step prefilled beyond the prefix cache."""
     chat = isinstance(body, ChatCompletionRequest)
     settings = [beam_settings(body, front, ids, chat) for ids in prompts]
     skip_special = (body.model_extra or {}).get("skip_special_tokens") is not False
     results = []
     for p, (ids, setting) in enumerate(zip(prompts, settings)):
-        spent.prompt_tokens += len(ids)
         beams = await search(engine, f"{run_id}-beam{p}", ids, setting, scope, priority, spent)
         for i, beam in enumerate(beams):
             tokens = list(beam.tokens[:-1] if beam.stopped else beam.tokens)

@@ -18,7 +18,10 @@ PROMPT = "The cat sat"
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    gw, tok, hf = start_byte_gateway(tmp_path_factory.mktemp("beam-gw"), seed=7)
+    # Every stream here is a beam search, which has no time to first token: a breaker that counts
+    # any measured TTFT as slow must never open.
+    slow = "limits: {breakers: {default: {min_calls: 1, slow_ttft_s: 0.000001, slow_rate: 0.5}}}\n"
+    gw, tok, hf = start_byte_gateway(tmp_path_factory.mktemp("beam-gw"), seed=7, sections=slow)
     yield gw, tok, hf
     gw.stop()
 
@@ -49,8 +52,10 @@ def test_the_beams_are_transformers_beams(setup, client, n):
     assert [c.text for c in sorted(out.choices, key=lambda c: c.index)] == \
         _transformers_beams(setup, ids, n, 5, eos_token_id=None)
     assert all(c.finish_reason == "length" for c in out.choices)
-    # One engine call on the prompt, then one per live beam per step: 1 + 4n tokens generated.
-    assert out.usage.prompt_tokens == len(ids) and out.usage.completion_tokens == 1 + 4 * n
+    # One engine call on the prompt, then one per live beam per step: 1 + 4n tokens generated, and
+    # every later call's prompt (11-15 tokens, less than a cache block) prefilled again.
+    assert out.usage.completion_tokens == 1 + 4 * n
+    assert out.usage.prompt_tokens == len(ids) + n * sum(len(ids) + k for k in range(1, 5))
 
 
 def _likeliest_printable(setup, ids) -> tuple[int, str]:
@@ -70,14 +75,14 @@ def test_a_stop_token_ends_its_beam_and_is_not_shown(setup, client):
     stop, char = _likeliest_printable(setup, ids)
     out = _beams(client, 3, 6, stop_token_ids=[stop])
     assert not any(char in c.text for c in out.choices)       # every beam that picked it ended there
-    ended = [c for c in out.choices if c.finish_reason == "stop"]
-    assert all(len(c.text) < 6 for c in ended)
 
 
-def test_a_beam_stopping_on_the_likeliest_token_scores_best(setup, client):
+@pytest.mark.parametrize("ignore_eos", [False, True])
+def test_a_beam_stopping_on_the_likeliest_token_scores_best(setup, client, ignore_eos):
+    # ignore_eos ignores the model's EOS alone: stop_token_ids still end beams.
     ids = setup[1].encode(PROMPT).ids
     stop = _likeliest_token(setup, ids)
-    first = sorted(_beams(client, 3, 1, stop_token_ids=[stop]).choices, key=lambda c: c.index)
+    first = sorted(_beams(client, 3, 1, stop_token_ids=[stop], ignore_eos=ignore_eos).choices, key=lambda c: c.index)
     assert (first[0].text, first[0].finish_reason) == ("", "stop")
     assert all(c.finish_reason == "length" and c.text for c in first[1:])
 
@@ -101,6 +106,15 @@ def test_chat_beams_stream_as_they_answer(client):
     assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens == 1 + 3 * 2
 
 
+def test_a_streamed_beam_search_is_not_a_slow_first_token(setup, client):
+    args = {"model": "bytes", "prompt": PROMPT, "n": 2, "max_tokens": 3, "stream": True,
+            "extra_body": {"use_beam_search": True, "ignore_eos": True}}
+    for _ in range(3):
+        assert len([c for c in client.completions.create(**args) if c.choices]) == 2
+    assert httpx.post(f"{setup[0].base}/v1/completions", timeout=60,
+                      json={"model": "bytes", "prompt": PROMPT, "max_tokens": 2}).status_code == 200
+
+
 def test_length_penalty_is_honoured_with_beam_search_only(setup, client):
     ids = setup[1].encode(PROMPT).ids
     out = _beams(client, 3, 6, length_penalty=2.0, ignore_eos=True)
@@ -111,7 +125,8 @@ def test_length_penalty_is_honoured_with_beam_search_only(setup, client):
     assert alone.status_code == 400 and alone.json()["error"]["param"] == "length_penalty"
 
 
-@pytest.mark.parametrize("field,value", [("temperature", 0.7), ("top_p", 0.5), ("logprobs", 2), ("n", 11),
+@pytest.mark.parametrize("field,value", [("temperature", 0.7), ("top_p", 0.5), ("logprobs", 2), ("logprobs", 0),
+                                         ("n", 11), ("length_penalty", 2000.0), ("length_penalty", -11),
                                          ("stop", ["x"]), ("logit_bias", {"65": 5}), ("echo", True),
                                          ("guided_regex", "[a-z]+"), ("min_tokens", 2)])
 def test_what_beam_search_cannot_honour_is_a_400(setup, field, value):

@@ -33,7 +33,9 @@ class TableEngine:
         generated = tuple(ids[len(PROMPT):])
         self.calls.append(generated)
         top = self.table.get(generated, self.elsewhere)
-        yield SimpleNamespace(logprobs=[TokenLogprob(top[0][0], top[0][1], top=list(top))])
+        # As if the prefix cache held all but the last two tokens.
+        yield SimpleNamespace(logprobs=[TokenLogprob(top[0][0], top[0][1], top=list(top))],
+                              prompt_tokens=len(ids), cached_tokens=max(0, len(ids) - 2))
 
 
 def _run(engine, max_tokens=3, penalty=1.0, stop=frozenset({STOP})):
@@ -47,8 +49,10 @@ def test_finished_and_live_beams_compete_by_length_normalised_score():
     beams, spent = _run(engine)
     # a+stop: -0.3 over 1 token (the stop token is not counted); b a a: -1.6 over 3 tokens.
     assert beams == [Beam((A, STOP), pytest.approx(-0.3), True), Beam((B, A, A), pytest.approx(-1.6), False)]
-    # One call for the prompt, then one per live beam per step.
+    # One call for the prompt, then one per live beam per step; each later call prefilled the two
+    # tokens the cache did not hold, charged as prompt tokens.
     assert engine.calls[0] == () and len(engine.calls) == 5 and spent.completion_tokens == 5
+    assert spent.prompt_tokens == len(PROMPT) + 4 * 2 and spent.cached_tokens == 0
 
 
 def test_without_length_normalisation_the_summed_logprob_decides():
