@@ -1,4 +1,4 @@
-"""The Starlette app: OpenAI endpoints, health, readiness, OpenAPI.
+"""The Starlette app: OpenAI endpoints, vLLM's /tokenize and /detokenize, health, readiness, OpenAPI.
 
 Embedded tiers load in the background once the server listens: /healthz answers at once,
 /readyz says 200 only when every tier may take calls (loaded, its engine alive), else 503;
@@ -30,6 +30,7 @@ from gateway.runtime import RuntimeHolder
 from gateway.telemetry.metrics import METRICS_OPENAPI, metrics_endpoint
 from gateway.telemetry.setup import Telemetry, build_telemetry
 from gateway.telemetry.tier_stats import breaker_states, tier_set_source
+from gateway.tokenize_api import TokenizeEndpoints
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +54,7 @@ def build_app(holder: RuntimeHolder, reloader: ConfigReloader | None = None,
     telemetry.metrics.add_tier_set(tier_set_source(holder))
     telemetry.metrics.set_breaker_reader(lambda: breaker_states(holder))
     pipeline = Pipeline(holder, telemetry)
+    tokenizing = TokenizeEndpoints(holder)
     admin = AdminAccess(holder, host or (reloader.host if reloader is not None else holder.current.config.server.host))
     console = ConsoleRecorder(holder)      # the operator console's view of the traffic (/console)
     pipeline.on_end.append(console.request_ended)
@@ -128,6 +130,8 @@ def build_app(holder: RuntimeHolder, reloader: ConfigReloader | None = None,
         Route("/v1/chat/completions", pipeline, methods=["POST"]),   # ASGI endpoints: the hot path
         Route("/v1/completions", pipeline, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
+        Route("/tokenize", tokenizing.tokenize, methods=["POST"]),
+        Route("/detokenize", tokenizing.detokenize, methods=["POST"]),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
         Route("/openapi.json", openapi_json, methods=["GET"]),

@@ -79,6 +79,32 @@ def _completion_path(summary: str, request: str, response: str) -> dict:
             **_error_responses()}}}
 
 
+_TOKENIZE_REQUEST = {
+    "type": "object", "required": ["model"],
+    "description": "a prompt (as /v1/completions takes one, text only) or a chat (as /v1/chat/completions "
+                   "takes one: messages, tools, add_generation_prompt, continue_final_message, "
+                   "chat_template_kwargs); the chat fields are validated as there",
+    "properties": {"model": {"type": "string"}, "prompt": {"type": "string"}, "messages": {"type": "array"},
+                   "add_special_tokens": {"type": "boolean"}, "return_token_strs": {"type": "boolean"}}}
+_TOKENIZE_RESPONSE = {
+    "type": "object", "required": ["count", "max_model_len", "tokens"],
+    "properties": {"count": {"type": "integer"}, "max_model_len": {"type": ["integer", "null"]},
+                   "tokens": {"type": "array", "items": {"type": "integer"}},
+                   "token_strs": {"type": ["array", "null"], "items": {"type": "string"}}}}
+_DETOKENIZE_REQUEST = {
+    "type": "object", "required": ["model", "tokens"], "additionalProperties": False,
+    "properties": {"model": {"type": "string"}, "tokens": {"type": "array", "items": {"type": "integer"}}}}
+_DETOKENIZE_RESPONSE = {"type": "object", "required": ["prompt"], "properties": {"prompt": {"type": "string"}}}
+
+
+def _tokenizer_path(summary: str, request: dict, response: dict) -> dict:
+    return {"post": {
+        "summary": summary, "security": [{"bearer": []}, {}],
+        "requestBody": {"required": True, "content": {"application/json": {"schema": request}}},
+        "responses": {"200": {"description": "ok", "content": {"application/json": {"schema": response}}},
+                      **_error_responses()}}}
+
+
 def openapi_document(models: Sequence[str] = ()) -> dict:
     """`models`: the model names this gateway serves; given, `model` is stated as their enum, so a
     schema-driven client (or fuzzer) sends requests that reach a tier."""
@@ -91,6 +117,11 @@ def openapi_document(models: Sequence[str] = ()) -> dict:
                                                        "enum": list(models)}
     schemas.update(Error=_ERROR, Usage=_USAGE, ChatCompletion=_CHAT_RESPONSE, Completion=_COMPLETION_RESPONSE,
                    ModelList=_MODELS)
+    tokenize, detokenize = _TOKENIZE_REQUEST, _DETOKENIZE_REQUEST
+    if models:
+        named = {"type": "string", "enum": list(models)}
+        tokenize = {**tokenize, "properties": {**tokenize["properties"], "model": named}}
+        detokenize = {**detokenize, "properties": {**detokenize["properties"], "model": named}}
     simple = {"200": {"description": "ok"}}
     return {
         "openapi": "3.1.0",
@@ -103,6 +134,10 @@ def openapi_document(models: Sequence[str] = ()) -> dict:
             "/v1/models": {"get": {"summary": "Model ids this caller may use", "responses": {"200": {
                 "description": "the list", "content": {"application/json": {"schema": {
                     "$ref": "#/components/schemas/ModelList"}}}}, "401": _error_responses()["401"]}}},
+            "/tokenize": _tokenizer_path("vLLM's: a model's token ids for a prompt or a chat (embedded tiers)",
+                                         tokenize, _TOKENIZE_RESPONSE),
+            "/detokenize": _tokenizer_path("vLLM's: the text of a model's token ids (embedded tiers)",
+                                           detokenize, _DETOKENIZE_RESPONSE),
             "/healthz": {"get": {"summary": "The process is up", "responses": simple}},
             "/readyz": {"get": {"summary": "Every tier is loaded (503 with per-tier states until then)",
                                 "responses": {**simple, "503": {"description": "still loading or a tier failed"}}}},

@@ -21,9 +21,12 @@ _VARIABLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 def render_prompts(loaded: LoadedModel, body: RequestBody) -> list[list[int]]:
     """Token ids of every prompt, before any truncation: a chat through the model's template (with
     its tools and tool turns: gateway/tool_plan.py), completions as given."""
+    # vLLM's add_special_tokens: False leaves out the BOS a tokenizer would add (a chat template
+    # writes its own); left out, the tokenizer adds it unless the text already begins with it.
+    special = (body.model_extra or {}).get("add_special_tokens") is not False
     if isinstance(body, ChatCompletionRequest):
-        return [loaded.tokenizer.encode(_render_chat(loaded, body))]
-    return [p if isinstance(p, list) else loaded.tokenizer.encode(p) for p in body.prompts()]
+        return [loaded.tokenizer.encode(_render_chat(loaded, body), add_special_tokens=special)]
+    return [p if isinstance(p, list) else loaded.tokenizer.encode(p, add_special_tokens=special) for p in body.prompts()]
 
 
 def _render_chat(loaded: LoadedModel, body: ChatCompletionRequest) -> str:

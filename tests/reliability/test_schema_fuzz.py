@@ -178,3 +178,28 @@ def test_completions_fuzz(gw, schema):
     # No 80 % here: much of what the document admits is refused by the embedded tier itself (echo,
     # suffix, best_of other than n, token ids past its vocabulary), rightly and in OpenAI's form.
     assert total >= MAX_EXAMPLES // 2 and statuses[200] > 0, statuses
+
+
+@pytest.mark.parametrize("path", ["/tokenize", "/detokenize"])
+def test_tokenizer_endpoints_fuzz(gw, schema, path):
+    operation = schema[path]["POST"]
+    statuses: Counter = Counter()
+
+    @settings(max_examples=MAX_EXAMPLES // 3, derandomize=True, deadline=None, database=None,
+              phases=[Phase.explicit, Phase.generate], suppress_health_check=[HealthCheck.too_slow])
+    @given(case=operation.as_strategy(generation_mode=schemathesis.GenerationMode.POSITIVE))
+    def run(case):
+        response = requests.request(**case.as_transport_kwargs(base_url=gw.base, headers=AUTH), timeout=60)
+        statuses[response.status_code] += 1
+        assert response.status_code < 500, f"{case.as_curl_command()}\n-> {response.status_code} {response.text[:500]}"
+        if response.status_code == 200:
+            answer = response.json()
+            assert (answer["count"] == len(answer["tokens"])) if path == "/tokenize" else isinstance(answer["prompt"], str)
+        else:
+            _check_error(response)
+
+    run()
+    assert statuses[200] > 0, statuses
+    stranger = requests.post(f"{gw.base}{path}", json={"model": "tiny", "prompt": "a", "tokens": [1]}, timeout=60)
+    assert stranger.status_code == 401
+    _check_error(stranger)
