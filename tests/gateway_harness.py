@@ -163,12 +163,13 @@ routing:
 
 
 def byte_model_config(model_dir: Path, *, max_model_len: int = 256, kv_cache_memory: str = "4MiB",
-                      max_num_batched_tokens: int = 256, tiers: str = "", models: str = "", sections: str = "") -> str:
+                      max_num_batched_tokens: int = 256, tiers: str = "", models: str = "", sections: str = "",
+                      auth: str = "{enabled: false}") -> str:
     """A gateway whose model `bytes` is the tiny byte-level Llama at `model_dir` (constrained
     decoding tests: it can spell anything and, unmasked, writes noise); `tiers` and `models` add
-    YAML lines to those sections, `sections` whole top-level sections."""
+    YAML lines to those sections, `sections` whole top-level sections, `auth` the auth section."""
     return f"""
-auth: {{enabled: false}}
+auth: {auth}
 server: {{reload_poll_s: 0}}
 tiers:
   bytes: {{model: '{model_dir}', dtype: float32, max_model_len: {max_model_len}, kv_cache_memory: {kv_cache_memory},

@@ -16,21 +16,27 @@ CHAT = [{"role": "user", "content": "Answer."}]
 CONTEXT = 256
 
 
+KEY, WORDS_ONLY_KEY = "sk-tokenize-all-0123456789", "sk-tokenize-words-0123456789"
+
+
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
+    from policies.config import hash_api_key
     from tests.tiny_models import write_tiny_checkpoint
 
     tmp = tmp_path_factory.mktemp("tokenize-gw")
     write_tiny_checkpoint(tmp / "words")
     tiers = f"  words: {{model: '{tmp / 'words'}', dtype: float32, max_model_len: 128, kv_cache_memory: 4MiB}}\n"
-    gw, tok, _ = start_byte_gateway(tmp, seed=8, max_model_len=CONTEXT, tiers=tiers,
+    auth = (f"{{enabled: true, keys: [{{tenant: all, sha256: {hash_api_key(KEY)}}}, "
+            f"{{tenant: wordy, sha256: {hash_api_key(WORDS_ONLY_KEY)}}}]}}\ntenants: {{all: {{}}, wordy: {{models: [words]}}}}")
+    gw, tok, _ = start_byte_gateway(tmp, seed=8, max_model_len=CONTEXT, tiers=tiers, auth=auth,
                                     models="  both: {chain: [bytes, words]}\n  words: {chain: [words]}\n")
     yield gw, tok
     gw.stop()
 
 
-def _post(setup, path: str, body: dict) -> httpx.Response:
-    return httpx.post(f"{setup[0].base}{path}", json=body, timeout=60)
+def _post(setup, path: str, body: dict, key: str = KEY) -> httpx.Response:
+    return httpx.post(f"{setup[0].base}{path}", json=body, timeout=60, headers={"authorization": f"Bearer {key}"})
 
 
 def test_a_prompt_is_the_models_own_ids(setup):
@@ -46,7 +52,7 @@ def test_a_chat_is_the_ids_the_chat_endpoint_runs(setup):
     _, tok = setup
     answer = _post(setup, "/tokenize", {"model": "bytes", "messages": CHAT}).json()
     assert answer["tokens"] == tok.encode("<|im_start|>user\nAnswer.<|im_end|>\n<|im_start|>assistant\n").ids
-    client = openai.OpenAI(base_url=f"{setup[0].base}/v1", api_key="unused", max_retries=0)
+    client = openai.OpenAI(base_url=f"{setup[0].base}/v1", api_key=KEY, max_retries=0)
     usage = client.chat.completions.create(model="bytes", messages=CHAT, max_tokens=1).usage
     assert usage.prompt_tokens == answer["count"]
     closed = _post(setup, "/tokenize", {"model": "bytes", "messages": CHAT, "add_generation_prompt": False}).json()
@@ -56,6 +62,25 @@ def test_a_chat_is_the_ids_the_chat_endpoint_runs(setup):
 def test_ids_come_back_as_their_text(setup):
     ids = _post(setup, "/tokenize", {"model": "bytes", "prompt": PROMPT}).json()["tokens"]
     assert _post(setup, "/detokenize", {"model": "bytes", "tokens": ids}).json() == {"prompt": PROMPT}
+    chat = _post(setup, "/tokenize", {"model": "bytes", "messages": CHAT}).json()["tokens"]
+    assert _post(setup, "/detokenize", {"model": "bytes", "tokens": chat}).json() == \
+        {"prompt": "<|im_start|>user\nAnswer.<|im_end|>\n<|im_start|>assistant\n"}      # special tokens kept
+
+
+def test_a_truncated_chat_counts_what_the_chat_endpoint_runs(setup):
+    answer = _post(setup, "/tokenize", {"model": "bytes", "messages": CHAT, "truncate_prompt_tokens": 3}).json()
+    assert answer["count"] == 3
+
+
+def test_a_tenant_sees_only_its_models(setup):
+    for path, body in (("/tokenize", {"model": "bytes", "prompt": "a"}), ("/detokenize", {"model": "bytes", "tokens": [1]})):
+        hidden = _post(setup, path, body, key=WORDS_ONLY_KEY)
+        unknown = _post(setup, path, {**body, "model": "nope"}, key=WORDS_ONLY_KEY)
+        assert hidden.status_code == unknown.status_code == 404
+        assert hidden.json()["error"]["message"].replace("bytes", "nope") == unknown.json()["error"]["message"]
+        stranger = _post(setup, path, body, key="sk-wrong")
+        assert stranger.status_code == 401 and stranger.headers["connection"] == "close"
+    assert _post(setup, "/tokenize", {"model": "words", "prompt": "w5"}, key=WORDS_ONLY_KEY).status_code == 200
 
 
 def test_a_concrete_model_behind_an_alias_of_mixed_tokenizers(setup):
@@ -74,6 +99,7 @@ def test_a_concrete_model_behind_an_alias_of_mixed_tokenizers(setup):
     ("/tokenize", {"model": "bytes", "messages": [{"role": "robot", "content": "a"}]}, 400, "messages.0.role"),
     ("/tokenize", {"model": "bytes", "messages": CHAT, "chat_template_kwargs": {"messages": []}}, 400,
      "chat_template_kwargs"),
+    ("/tokenize", {"model": "bytes", "messages": CHAT, "chat_template": "{{ messages }}"}, 400, "chat_template"),
     ("/detokenize", {"model": "bytes", "tokens": [1, 10 ** 9]}, 400, "tokens"),
     ("/detokenize", {"model": "bytes", "tokens": [-1]}, 400, "tokens"),
     ("/detokenize", {"model": "bytes", "tokens": "abc"}, 400, "tokens"),
@@ -88,7 +114,16 @@ def test_bad_input_is_a_4xx_in_openai_form(setup, path, body, status, param):
 
 
 def test_a_body_that_is_not_an_object_is_a_400(setup):
-    for raw in (b"[1, 2]", b"{not json"):
-        response = httpx.post(f"{setup[0].base}/tokenize", content=raw, timeout=60,
-                              headers={"content-type": "application/json"})
+    nested = b'{"model": "bytes", "tokens": ' + b"[" * 50_000 + b"]" * 50_000 + b"}"
+    for path, raw in (("/tokenize", b"[1, 2]"), ("/tokenize", b"{not json"), ("/detokenize", nested)):
+        response = httpx.post(f"{setup[0].base}{path}", content=raw, timeout=60,
+                              headers={"content-type": "application/json", "authorization": f"Bearer {KEY}"})
         assert response.status_code == 400 and response.json()["error"]["message"], response.text
+
+
+def test_a_big_body_is_answered_the_same_way(setup):
+    # Past 64 KiB the work moves to a worker thread: same answer.
+    text = "ab" * 40_000
+    answer = _post(setup, "/tokenize", {"model": "bytes", "prompt": text}).json()
+    assert answer["count"] == len(text) and answer["tokens"] == setup[1].encode(text).ids
+    assert _post(setup, "/detokenize", {"model": "bytes", "tokens": answer["tokens"]}).json() == {"prompt": text}
