@@ -34,6 +34,7 @@ SEED_MIN, SEED_MAX = -(1 << 63), (1 << 64) - 1      # what torch.Generator.manua
 # the prefix cache must leave to compute.
 MAX_PROMPT_HIDDEN_ROWS = 4
 MAX_PROMPT_HIDDEN_BACK = 32
+MAX_PREDICTION_TOKENS = 1 << 15
 
 
 @dataclass
@@ -76,6 +77,9 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     # Constrained decoding (a JSON schema or a grammar): compiled by the engine's GrammarCompiler.
     grammar: GrammarSpec | None = None
+    # OpenAI's predicted output: tokens the answer is expected to repeat. An n-gram speculating
+    # engine drafts from them (engines/spec/ngram.py); the output is what it would be without.
+    prediction_token_ids: tuple[int, ...] = ()
 
     def validate(self) -> "SamplingParams":
         checks = [
@@ -102,6 +106,9 @@ class SamplingParams:
             (sum(len(w) for w in self.bad_words_token_ids) <= MAX_BAD_WORD_TOKENS
              and all(w and all(isinstance(t, int) and t >= 0 for t in w) for w in self.bad_words_token_ids),
              "bad_words", f"must be at most {MAX_BAD_WORD_TOKENS} tokens in all (both spellings of each word counted)"),
+            (len(self.prediction_token_ids) <= MAX_PREDICTION_TOKENS
+             and all(isinstance(t, int) and t >= 0 for t in self.prediction_token_ids), "prediction",
+             f"must be at most {MAX_PREDICTION_TOKENS} tokens"),
             (len(self.stop_token_ids) <= MAX_STOP_TOKEN_IDS
              and all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids), "stop_token_ids",
              f"must be at most {MAX_STOP_TOKEN_IDS} token ids"),

@@ -66,6 +66,8 @@ class Sequence:
     stop_ids: frozenset[int] = field(init=False)
     # The request's logit adjustments' token sets as tensors, built on first use (engines/logit_adjust.py).
     adjust_cache: Any = None
+    # SamplingParams.prediction_token_ids as an array, built on first use (engines/spec/ngram.py).
+    prediction_array: Any = None
 
     def __post_init__(self) -> None:
         if self.params.seed is not None:

@@ -98,6 +98,17 @@ class _Extensions(BaseModel):
         return value
 
 
+MAX_PREDICTION_CHARS = 1 << 17
+
+
+def prediction_text(value: dict[str, Any]) -> str:
+    """The text of OpenAI's `prediction` ({"type": "content", "content": text or text parts})."""
+    content = value.get("content")
+    if isinstance(content, str):
+        return content
+    return "".join(part["text"] for part in content)
+
+
 class ChatExtensions(_Extensions):
     # ---- OpenAI
     functions: Annotated[list[_Object], Field(max_length=1024)] | None = None
@@ -117,6 +128,21 @@ class ChatExtensions(_Extensions):
     chat_template_kwargs: _Object | None = None
     documents: Annotated[list[_Object], Field(max_length=MAX_LIST)] | None = None
     mm_processor_kwargs: _Object | None = None
+
+    @field_validator("prediction")
+    @classmethod
+    def _check_prediction(cls, value):
+        # OpenAI's predicted output: a text the answer is expected to largely repeat (an edited file).
+        if value is None:
+            return value
+        content = value.get("content")
+        parts_ok = isinstance(content, list) and all(
+            isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content)
+        if value.get("type") != "content" or not (isinstance(content, str) or parts_ok):
+            raise ValueError('prediction must be {"type": "content", "content": a string or text parts}')
+        if len(prediction_text(value)) > MAX_PREDICTION_CHARS:
+            raise ValueError(f"prediction content must be at most {MAX_PREDICTION_CHARS} characters")
+        return value
 
 
 class CompletionExtensions(_Extensions):

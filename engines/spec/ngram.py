@@ -1,6 +1,11 @@
 """Prompt lookup: propose the tokens that followed the latest earlier occurrence of the
 context's last n tokens (n from ngram_max down to ngram_min). No model, no KV; a proposal
-is a point mass, which the exact acceptance rule handles (accept with probability p(x))."""
+is a point mass, which the exact acceptance rule handles (accept with probability p(x)).
+
+A request with a predicted output (OpenAI's `prediction`: an edit's original text, say) drafts
+from it first: while the output repeats the prediction, its next tokens; after the two part,
+the tokens after the place in the prediction that the output's last n tokens match, the one
+nearest the output's own position (an edit moves text locally)."""
 
 from __future__ import annotations
 
@@ -27,6 +32,21 @@ def lookup(tokens: np.ndarray, n_min: int, n_max: int, k: int) -> list[int]:
     return []
 
 
+def follow_prediction(prediction: np.ndarray, output: np.ndarray, n_min: int, n_max: int, k: int) -> list[int]:
+    """Up to k tokens of the prediction that should come next after `output`."""
+    m = len(output)
+    if m <= len(prediction) and np.array_equal(prediction[:m], output):
+        return prediction[m:m + k].tolist()
+    for n in range(min(n_max, m, len(prediction)), n_min - 1, -1):
+        windows = sliding_window_view(prediction, n)
+        hits = np.flatnonzero((windows == output[m - n:]).all(axis=1))
+        if hits.size:
+            ends = hits + n
+            start = int(ends[np.argmin(np.abs(ends - m))])
+            return prediction[start:start + k].tolist()
+    return []
+
+
 class NgramSource:
     name = "ngram"
 
@@ -39,7 +59,15 @@ class NgramSource:
     def propose(self, entries: list[tuple[ScheduledSeq, int]]) -> float | None:
         started = time.perf_counter()
         for s, k in entries:
-            tokens = np.array(s.seq.all_token_ids, dtype=np.int64)
-            s.draft_ids = lookup(tokens, self.n_min, self.n_max, k)
+            seq = s.seq
+            draft = []
+            if seq.params.prediction_token_ids:
+                if seq.prediction_array is None:
+                    seq.prediction_array = np.array(seq.params.prediction_token_ids, dtype=np.int64)
+                output = np.array(seq.output_ids, dtype=np.int64)
+                draft = follow_prediction(seq.prediction_array, output, self.n_min, self.n_max, k)
+            if not draft:
+                draft = lookup(np.array(seq.all_token_ids, dtype=np.int64), self.n_min, self.n_max, k)
+            s.draft_ids = draft
             s.draft_probs = None
         return time.perf_counter() - started

@@ -260,7 +260,9 @@ class EmbeddedTier(Tier):
         if self.engine is None:
             raise TierFailure(f"tier {self.name} is not loaded")
         check_supported(call.body)
-        return engine_jobs(call, self._engine_prompts(call), self.engine.front)
+        spec = self.config.speculative
+        return engine_jobs(call, self._engine_prompts(call), self.engine.front,
+                           drafts_from_prediction=spec is not None and spec.method == "ngram")
 
     @staticmethod
     def _scope(call: TierCall) -> tuple[str | None, int]:

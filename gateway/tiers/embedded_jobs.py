@@ -10,11 +10,12 @@ import hashlib
 from engines.bad_words import bad_words_token_ids
 from engines.errors import RequestTooLongError
 from engines.llm_engine import LLMEngine
-from engines.sampling_params import InvalidRequestError, SamplingParams
+from engines.sampling_params import MAX_PREDICTION_TOKENS, InvalidRequestError, SamplingParams
 from gateway.errors import GatewayError
 from gateway.guided_decoding import guided_grammar
 from gateway.response_format import response_format_grammar
 from gateway.schema import ChatCompletionRequest, RequestBody
+from gateway.schema_extensions import prediction_text
 from gateway.tiers.base import TierCall, TierUnfit
 from gateway.tiers.beam_search import beam_search_asked, check_beam_request
 from gateway.tiers.prompt_echo import check_size, engine_prompt_logprobs, prompt_logprobs_asked
@@ -27,7 +28,8 @@ from gateway.tool_plan import tool_plan
 # min_tokens, allowed_token_ids, bad_words, stop_token_ids, include_stop_str_in_output,
 # skip_special_tokens, prompt_logprobs, truncate_prompt_tokens, return_tokens_as_token_ids, the
 # guided decoding fields; in chat echo, add_generation_prompt, continue_final_message,
-# chat_template_kwargs; use_beam_search and with it length_penalty: gateway/tiers/beam_search.py) or change nothing in the output (metadata, store, user, prompt_cache_key, ...).
+# chat_template_kwargs, prediction; use_beam_search and with it length_penalty: gateway/tiers/beam_search.py)
+# or change nothing in the output (metadata, store, user, prompt_cache_key, ...).
 # A client's own `chat_template` is refused, as vLLM refuses it unless its operator trusts clients.
 _NEUTRAL_BOTH = {"use_beam_search": (False,), "length_penalty": (1, 1.0)}
 _NEUTRAL_CHAT = {"functions": ([],), "function_call": ("", {}), "chat_template": (), "documents": ([],),
@@ -68,9 +70,11 @@ def check_supported(body: RequestBody) -> None:
         raise GatewayError(400, "best_of other than n is not supported", param="best_of")
 
 
-def engine_jobs(call: TierCall, prompts: list[list[int]], engine: LLMEngine) -> list[Job]:
+def engine_jobs(call: TierCall, prompts: list[list[int]], engine: LLMEngine, drafts_from_prediction: bool = False) -> list[Job]:
     """One job per choice of every prompt. Raises TierUnfit when a request is too long for this
-    engine (a larger tier may take it), GatewayError when it is wrong anywhere."""
+    engine (a larger tier may take it), GatewayError when it is wrong anywhere.
+    `drafts_from_prediction`: the engine speculates with n-gram lookup, which reads a predicted
+    output (elsewhere it would change nothing, so it is not even tokenized)."""
     body = call.body
     chat = isinstance(body, ChatCompletionRequest)
     gate = call.scoring            # a cascade judging this call needs its tokens' logprobs
@@ -96,6 +100,10 @@ def engine_jobs(call: TierCall, prompts: list[list[int]], engine: LLMEngine) -> 
     plan = tool_plan(body) if chat else None
     if plan is not None and plan.forced is not None:    # a forced call outranks a response format
         grammar = plan.grammar(engine.tokenizer)
+    predicted = extra.get("prediction") if chat and drafts_from_prediction else None
+    # Only a hint: a prediction longer than the engine reads is cut, which changes no output.
+    prediction = () if predicted is None else \
+        tuple(engine.tokenizer.encode(prediction_text(predicted), add_special_tokens=False)[:MAX_PREDICTION_TOKENS])
     jobs = []
     for p_index, ids in enumerate(prompts):
         max_tokens = body.output_limit or max(1, limit - len(ids))
@@ -114,7 +122,8 @@ def engine_jobs(call: TierCall, prompts: list[list[int]], engine: LLMEngine) -> 
                 entropy=entropy, prompt_hidden=prompt_hidden,
                 # scored once per prompt, for its first choice: the others share it (gateway/tiers/prompt_echo.py)
                 prompt_logprobs=prompt_lps if i == 0 else None,
-                prompt_hidden_rows=gate.prompt_hidden_rows if prompt_hidden else (0,), grammar=grammar)
+                prompt_hidden_rows=gate.prompt_hidden_rows if prompt_hidden else (0,), grammar=grammar,
+                prediction_token_ids=prediction)
             try:
                 engine.check_request(ids, params)
             except RequestTooLongError as exc:   # a larger tier may take it

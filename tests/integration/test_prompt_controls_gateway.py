@@ -24,7 +24,12 @@ CONTEXT = 256
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    gw, tok, hf = start_byte_gateway(tmp_path_factory.mktemp("prompt-controls-gw"), seed=5, max_model_len=CONTEXT)
+    tmp = tmp_path_factory.mktemp("prompt-controls-gw")
+    # The same model speculating with n-gram lookup, which drafts from a predicted output.
+    spec = (f"  speculating: {{model: '{tmp / 'bytes'}', dtype: float32, max_model_len: {CONTEXT}, kv_cache_memory: 4MiB,"
+            f" max_num_seqs: 8, max_num_batched_tokens: 256, speculative: {{method: ngram, num_tokens: 4}}}}\n")
+    gw, tok, hf = start_byte_gateway(tmp, seed=5, max_model_len=CONTEXT, tiers=spec,
+                                     models="  speculating: {chain: [speculating]}\n")
     yield gw, tok
     gw.stop()
 
@@ -181,3 +186,22 @@ def test_chat_logprobs_name_tokens_by_id(setup, client):
     assert setup[1].decode(_ids([t.token for t in content])) == out.choices[0].message.content
     assert all(t.bytes == list(t.token.encode()) and len(_ids([a.token for a in t.top_logprobs])) == 1
                for t in content)
+
+
+# ---- prediction (OpenAI's predicted outputs) --------------------------------------------------
+def test_a_predicted_output_changes_no_token(client):
+    for model in ("bytes", "speculating"):
+        def ask(**extra):
+            return client.chat.completions.create(model=model, messages=ASKED, max_tokens=12, temperature=0,
+                                                  extra_body=extra).choices[0].message.content
+        plain = ask()
+        assert ask(prediction={"type": "content", "content": plain}) == plain
+        assert ask(prediction={"type": "content", "content": [{"type": "text", "text": "something else"}]}) == plain
+
+
+@pytest.mark.parametrize("prediction", [{"type": "content"}, {"type": "text", "content": "a"},
+                                        {"type": "content", "content": [{"type": "image"}]},
+                                        {"type": "content", "content": "x" * ((1 << 17) + 1)}])
+def test_a_malformed_prediction_is_a_400(setup, prediction):
+    response = _post(setup, "chat/completions", {"model": "speculating", "prediction": prediction})
+    assert response.status_code == 400 and response.json()["error"]["param"] == "prediction"

@@ -133,3 +133,26 @@ def _check_values(hf, ids, lps):
         expected = torch.log_softmax(hf(torch.tensor([ids])).logits[0].float(), -1)
     assert [lp.logprob for lp in lps[1:]] == pytest.approx([float(expected[p - 1, ids[p]]) for p in range(1, len(ids))],
                                                           abs=1e-4)
+
+
+def test_a_predicted_output_speeds_speculation_and_changes_no_token(tiny):
+    """OpenAI's predicted output on an n-gram speculating engine: drafted from, so the answer the
+    prediction spells is accepted in fewer steps; the tokens are the plain engine's."""
+    from engines.spec.config import SpeculativeConfig
+
+    loaded, _ = tiny
+    ids = _prompts()[3]
+    greedy = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+    plain = [t for d in _run(_engine(loaded), [("p", ids, greedy)])["p"] for t in d.token_ids]
+
+    def speculate(prediction):
+        spec = LLMEngine(loaded, EngineConfig(kv_cache_memory_bytes=2**20, max_num_batched_tokens=16, max_num_seqs=8,
+                                              speculative=SpeculativeConfig(method="ngram", num_tokens=4)))
+        params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, prediction_token_ids=tuple(prediction))
+        deltas = _run(spec, [("s", ids, params)])["s"]
+        return [t for d in deltas for t in d.token_ids], deltas[-1].spec_accepted, len(deltas)
+
+    tokens, accepted, steps = speculate(plain)
+    assert tokens == plain and accepted >= 18 and steps <= 8
+    wrong = [(t + 1) % TINY_VOCAB for t in plain]          # a prediction it never follows changes nothing either
+    assert speculate(wrong)[0] == plain

@@ -7,7 +7,7 @@ import numpy as np
 from engines.sampling_params import SamplingParams
 from engines.scheduler import ScheduledSeq
 from engines.sequence import Sequence
-from engines.spec.ngram import NgramSource, lookup
+from engines.spec.ngram import NgramSource, follow_prediction, lookup
 
 
 def _lookup(tokens, k=3, n_min=1, n_max=4):
@@ -38,3 +38,46 @@ def test_source_fills_point_mass_drafts_from_prompt_and_output():
     s = ScheduledSeq(seq, start=6, num_tokens=1, num_lookahead=2)
     NgramSource(1, 3).propose([(s, 2)])
     assert s.draft_ids == [13, 10] and s.draft_probs is None
+
+
+def _follow(prediction, output, k=3, n_min=1, n_max=4):
+    return follow_prediction(np.array(prediction), np.array(output, dtype=np.int64), n_min, n_max, k)
+
+
+def test_an_output_that_repeats_the_prediction_is_drafted_its_next_tokens():
+    assert _follow([5, 6, 7, 8, 9], []) == [5, 6, 7]
+    assert _follow([5, 6, 7, 8, 9], [5, 6]) == [7, 8, 9]
+    assert _follow([5, 6, 7, 8, 9], [5, 6, 7, 8], k=3) == [9]
+    assert _follow([5, 6], [5, 6]) == []
+
+
+def test_after_a_departure_the_nearest_matching_place_is_continued():
+    # The output inserted 40 before 7 8: "7 8" is found again and followed.
+    assert _follow([5, 6, 7, 8, 9, 1], [5, 6, 40, 7, 8]) == [9, 1]
+    # "1 2" occurs twice in the prediction: the occurrence ending nearest the output's length wins.
+    prediction = [1, 2, 3, 0, 0, 0, 0, 0, 1, 2, 4, 0]
+    assert _follow(prediction, [9, 9, 1, 2], k=1) == [3]
+    assert _follow(prediction, [9, 9, 9, 9, 9, 9, 9, 1, 2], k=1) == [4]
+    assert _follow([5, 6, 7], [1, 2, 3]) == []
+
+
+def test_source_drafts_from_the_prediction_before_the_context():
+    seq = Sequence("a", [10, 11, 12, 13, 10, 11], SamplingParams(prediction_token_ids=(12, 14, 15, 16)))
+    seq.output_ids = [12]
+    s = ScheduledSeq(seq, start=6, num_tokens=1, num_lookahead=2)
+    NgramSource(1, 3).propose([(s, 2)])
+    assert s.draft_ids == [14, 15]             # not the prompt's 13 10
+    seq.output_ids = [99]                      # nothing in the prediction matches: the context's lookup
+    NgramSource(1, 3).propose([(s, 2)])
+    assert s.draft_ids == []
+
+
+def test_a_prediction_is_bounded_and_checked():
+    import pytest
+
+    from engines.sampling_params import MAX_PREDICTION_TOKENS, InvalidRequestError
+
+    with pytest.raises(InvalidRequestError):
+        SamplingParams(prediction_token_ids=(1,) * (MAX_PREDICTION_TOKENS + 1)).validate()
+    with pytest.raises(InvalidRequestError):
+        SamplingParams(prediction_token_ids=(-1,)).validate()
