@@ -32,6 +32,9 @@ class RequestLimits:
             raise InvalidRequestError(f"logit_bias token ids must lie in [0, {self.vocab_size})", "logit_bias")
         if params.allowed_token_ids and max(params.allowed_token_ids) >= self.vocab_size:
             raise InvalidRequestError(f"allowed_token_ids must lie in [0, {self.vocab_size})", "allowed_token_ids")
+        if params.prediction_token_ids and max(params.prediction_token_ids) >= self.vocab_size:
+            # Drafts are fed to the model as tokens: an id past its embedding would break the step.
+            raise InvalidRequestError(f"prediction token ids must lie in [0, {self.vocab_size})", "prediction")
         total = len(prompt_ids) + params.max_tokens
         if total > self.max_model_len:
             raise ContextLengthError(

@@ -34,7 +34,7 @@ SEED_MIN, SEED_MAX = -(1 << 63), (1 << 64) - 1      # what torch.Generator.manua
 # the prefix cache must leave to compute.
 MAX_PROMPT_HIDDEN_ROWS = 4
 MAX_PROMPT_HIDDEN_BACK = 32
-MAX_PREDICTION_TOKENS = 1 << 15
+MAX_PREDICTION_TOKENS = 1 << 13
 
 
 @dataclass
@@ -78,7 +78,9 @@ class SamplingParams:
     # Constrained decoding (a JSON schema or a grammar): compiled by the engine's GrammarCompiler.
     grammar: GrammarSpec | None = None
     # OpenAI's predicted output: tokens the answer is expected to repeat. An n-gram speculating
-    # engine drafts from them (engines/spec/ngram.py); the output is what it would be without.
+    # engine drafts from them (engines/spec/ngram.py); verification keeps the output's
+    # distribution (a seeded sampled request's draws would shift with its drafts: the gateway
+    # sends none for it).
     prediction_token_ids: tuple[int, ...] = ()
 
     def validate(self) -> "SamplingParams":

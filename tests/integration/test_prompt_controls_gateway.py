@@ -189,19 +189,44 @@ def test_chat_logprobs_name_tokens_by_id(setup, client):
 
 
 # ---- prediction (OpenAI's predicted outputs) --------------------------------------------------
-def test_a_predicted_output_changes_no_token(client):
+def _accepted_drafts(setup) -> float:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(f"{setup[0].base}/metrics", timeout=60).text
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "tiergate_tier_spec_accepted_tokens_total" and sample.labels.get("tier") == "speculating":
+                return sample.value
+    return 0.0
+
+
+def test_a_predicted_output_is_drafted_from_and_changes_no_token(setup, client):
+    # Letters only: the answer's text then tokenizes back to its very tokens (noise bytes would not).
+    letters = [setup[1].token_to_id(c) for c in "abcdefghij"]
     for model in ("bytes", "speculating"):
         def ask(**extra):
-            return client.chat.completions.create(model=model, messages=ASKED, max_tokens=12, temperature=0,
-                                                  extra_body=extra).choices[0].message.content
+            return client.chat.completions.create(
+                model=model, messages=ASKED, max_tokens=12, temperature=0,
+                extra_body={"ignore_eos": True, "allowed_token_ids": letters, **extra}).choices[0].message.content
         plain = ask()
+        before = _accepted_drafts(setup)
         assert ask(prediction={"type": "content", "content": plain}) == plain
+        if model == "speculating":       # most of the answer came as accepted drafts
+            assert _accepted_drafts(setup) - before >= 6
         assert ask(prediction={"type": "content", "content": [{"type": "text", "text": "something else"}]}) == plain
+
+
+def test_a_seeded_sampled_answer_is_the_same_with_a_prediction(client):
+    def ask(**extra):
+        return client.chat.completions.create(model="speculating", messages=ASKED, max_tokens=12, temperature=1.0,
+                                              seed=11, extra_body=extra).choices[0].message.content
+    plain = ask()
+    assert ask(prediction={"type": "content", "content": plain[:3] + "zzzz" + plain[3:]}) == plain
 
 
 @pytest.mark.parametrize("prediction", [{"type": "content"}, {"type": "text", "content": "a"},
                                         {"type": "content", "content": [{"type": "image"}]},
-                                        {"type": "content", "content": "x" * ((1 << 17) + 1)}])
+                                        {"type": "content", "content": "x" * ((1 << 15) + 1)}])
 def test_a_malformed_prediction_is_a_400(setup, prediction):
     response = _post(setup, "chat/completions", {"model": "speculating", "prediction": prediction})
     assert response.status_code == 400 and response.json()["error"]["param"] == "prediction"

@@ -81,3 +81,13 @@ def test_a_prediction_is_bounded_and_checked():
         SamplingParams(prediction_token_ids=(1,) * (MAX_PREDICTION_TOKENS + 1)).validate()
     with pytest.raises(InvalidRequestError):
         SamplingParams(prediction_token_ids=(-1,)).validate()
+
+
+def test_realignment_looks_only_near_the_outputs_position():
+    from engines.spec.ngram import REALIGN_WINDOW
+
+    far = [1, 2, 3] + [0] * (4 * REALIGN_WINDOW) + [1, 2, 4]
+    output = [9] * (2 * REALIGN_WINDOW) + [1, 2]
+    assert _follow(far, output) == []            # both matches lie outside the window
+    near = [0] * (2 * REALIGN_WINDOW) + [1, 2, 5]
+    assert _follow(near, output, k=1) == [5]
