@@ -43,6 +43,10 @@ def freeze_heap() -> None:
     gc.freeze()
 
 
+def _model_card(alias: str) -> dict:
+    return {"id": alias, "object": "model", "created": 0, "owned_by": "tiergate"}
+
+
 def build_app(holder: RuntimeHolder, reloader: ConfigReloader | None = None,
               telemetry: Telemetry | None = None, host: str | None = None) -> Starlette:
     """`telemetry`: built from the config's `telemetry:` section and OTEL_* when not given (tests
@@ -82,9 +86,21 @@ def build_app(holder: RuntimeHolder, reloader: ConfigReloader | None = None,
             tenant, _ = rt.keys.authenticate(request.headers.get("authorization"))
         except GatewayError as exc:
             return exc.response()
-        data = [{"id": alias, "object": "model", "created": 0, "owned_by": "tiergate"}
-                for alias in rt.models_for(rt.tenant(tenant))]
+        data = [_model_card(alias) for alias in rt.models_for(rt.tenant(tenant))]
         return JSONResponse({"object": "list", "data": data})
+
+    async def model(request: Request) -> Response:
+        """OpenAI's retrieve-model: the card of one model the caller may use, else its 404."""
+        rt = holder.current
+        try:
+            tenant, _ = rt.keys.authenticate(request.headers.get("authorization"))
+            name = request.path_params["model"]
+            if name not in rt.models_for(rt.tenant(tenant)):
+                raise GatewayError(404, f"The model '{name}' does not exist or you do not have access to it",
+                                   param="model", code="model_not_found")
+        except GatewayError as exc:
+            return exc.response()
+        return JSONResponse(_model_card(name))
 
     async def openapi_json(_: Request) -> Response:
         generation = holder.generation
@@ -130,6 +146,7 @@ def build_app(holder: RuntimeHolder, reloader: ConfigReloader | None = None,
         Route("/v1/chat/completions", pipeline, methods=["POST"]),   # ASGI endpoints: the hot path
         Route("/v1/completions", pipeline, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/models/{model:path}", model, methods=["GET"]),
         Route("/tokenize", tokenizing.tokenize, methods=["POST"]),
         Route("/detokenize", tokenizing.detokenize, methods=["POST"]),
         Route("/healthz", healthz, methods=["GET"]),

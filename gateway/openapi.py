@@ -37,9 +37,9 @@ _COMPLETION_RESPONSE = {"type": "object", "properties": {
         "index": {"type": "integer"}, "text": {"type": "string"}, "logprobs": {"type": ["object", "null"]},
         "finish_reason": {"enum": ["stop", "length"]}}}}}}
 
-_MODELS = {"type": "object", "properties": {"object": {"const": "list"}, "data": {"type": "array", "items": {
-    "type": "object", "properties": {"id": {"type": "string"}, "object": {"const": "model"},
-                                     "created": {"type": "integer"}, "owned_by": {"type": "string"}}}}}}
+_MODEL = {"type": "object", "properties": {"id": {"type": "string"}, "object": {"const": "model"},
+                                           "created": {"type": "integer"}, "owned_by": {"type": "string"}}}
+_MODELS = {"type": "object", "properties": {"object": {"const": "list"}, "data": {"type": "array", "items": _MODEL}}}
 
 _ROUTING_HEADERS = {
     "x-request-id": "id of this request in logs and traces",
@@ -116,7 +116,7 @@ def openapi_document(models: Sequence[str] = ()) -> dict:
             schemas[request]["properties"]["model"] = {**schemas[request]["properties"]["model"],
                                                        "enum": list(models)}
     schemas.update(Error=_ERROR, Usage=_USAGE, ChatCompletion=_CHAT_RESPONSE, Completion=_COMPLETION_RESPONSE,
-                   ModelList=_MODELS)
+                   Model=_MODEL, ModelList=_MODELS)
     tokenize, detokenize = _TOKENIZE_REQUEST, _DETOKENIZE_REQUEST
     if models:
         named = {"type": "string", "enum": list(models)}
@@ -138,6 +138,12 @@ def openapi_document(models: Sequence[str] = ()) -> dict:
                                          tokenize, _TOKENIZE_RESPONSE),
             "/detokenize": _tokenizer_path("vLLM's: the text of a model's token ids (embedded tiers)",
                                            detokenize, _DETOKENIZE_RESPONSE),
+            "/v1/models/{model}": {"get": {
+                "summary": "One model this caller may use (404 for any other name)",
+                "parameters": [{"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}],
+                "responses": {"200": {"description": "the model", "content": {"application/json": {"schema": {
+                    "$ref": "#/components/schemas/Model"}}}},
+                    "401": _error_responses()["401"], "404": _error_responses()["404"]}}},
             "/healthz": {"get": {"summary": "The process is up", "responses": simple}},
             "/readyz": {"get": {"summary": "Every tier is loaded (503 with per-tier states until then)",
                                 "responses": {**simple, "503": {"description": "still loading or a tier failed"}}}},

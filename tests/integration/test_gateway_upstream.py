@@ -245,3 +245,18 @@ def test_health_ready_openapi(gw):
     assert (top_k["minimum"], top_k["maximum"]) == (-1, 2 ** 31 - 1)
     nf = httpx.get(f"{gw.base}/v2/nothing")
     assert nf.status_code == 404 and "error" in nf.json()
+
+
+def test_a_model_is_retrieved_as_openai_retrieves_it(gw):
+    card = _client(gw).models.retrieve("direct")
+    assert (card.id, card.object) == ("direct", "model")
+    batch = _client(gw, key=BATCH_KEY)
+    assert batch.models.retrieve("remote").id == "remote"
+    # Another tenant's model and a name nobody serves get the same 404: nothing is learned.
+    answers = [httpx.get(f"{gw.base}/v1/models/{name}", headers={"authorization": f"Bearer {BATCH_KEY}"})
+               for name in ("direct", "nope")]
+    assert [a.status_code for a in answers] == [404, 404]
+    assert answers[0].json()["error"]["message"].replace("direct", "nope") == answers[1].json()["error"]["message"]
+    assert answers[0].json()["error"]["code"] == "model_not_found"
+    stranger = httpx.get(f"{gw.base}/v1/models/direct", headers={"authorization": "Bearer sk-wrong"})
+    assert stranger.status_code == 401 and stranger.json()["error"]["code"] == "invalid_api_key"
