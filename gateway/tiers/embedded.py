@@ -19,19 +19,17 @@ import gc
 import hashlib
 import logging
 import time
-import uuid
 from collections.abc import AsyncIterator
 
 from engines.async_engine import AsyncEngine
 from engines.engine_process import ProcessEngine
 from engines.grammar import GrammarCompiler
-from engines.errors import EngineDeadError, EngineFault, ModelLoadError, StepFailedError
+from engines.errors import EngineFault, ModelLoadError
 from engines.llm_engine import LLMEngine
 from engines.loaded_model import LoadedModel
 from engines.quantization.calibration import CalibrationSource
 from engines.sampling_params import InvalidRequestError, SamplingParams
 from gateway.context import Usage
-from gateway.errors import GatewayError
 from gateway.openai_format import (
     SSE_DONE,
     ChoiceResult,
@@ -44,8 +42,18 @@ from gateway.openai_format import (
 )
 from gateway.schema import ChatCompletionRequest, RequestBody
 from gateway.tiers.base import ALL_TOKEN_SIGNALS, Tier, TierAnswer, TierCall, TierFailure
-from gateway.tiers.beam_search import beam_choices, beam_search_asked
+from gateway.tiers.beam_search import beam_search_asked
+from gateway.tiers.embedded_beams import beam_body, beam_chunks, beam_results
 from gateway.tiers.embedded_jobs import Job, check_supported, engine_jobs
+from gateway.tiers.embedded_outputs import (
+    choices_usage,
+    finish_span,
+    first_token,
+    judge,
+    merged_outputs,
+    response_id,
+    tier_error,
+)
 from gateway.tiers.embedded_prompts import render_prompts, truncate_prompts
 from gateway.tiers.embedded_load import build_engine, build_worker_engine, load_tier_model
 from gateway.tiers.embedded_tools import ToolChunks, apply_tool_calls
@@ -280,7 +288,7 @@ class EmbeddedTier(Tier):
     async def complete(self, call: TierCall) -> TierAnswer:
         if beam_search_asked(call.body):
             results, usage = await self._beam_search(call)
-            return TierAnswer(json_bytes(self._beam_body(call, results, usage)), usage)
+            return TierAnswer(beam_body(call, results, usage), usage)
         jobs = self._jobs(call)
         engine = self.engine      # this call's engine, even if a restart replaces it meanwhile
         rid = call.ctx.request_id
@@ -302,7 +310,7 @@ class EmbeddedTier(Tier):
                     events.observe(out)
                     if waiting_first:
                         waiting_first = False
-                        _first_token(call)
+                        first_token(call)
                     slot.text += out.text
                     prompt.observe(slot.index, out.prompt_logprobs)
                     if out.logprobs:
@@ -312,7 +320,7 @@ class EmbeddedTier(Tier):
                     if out.finished:
                         slot.finish_reason = out.finish_reason
                     if gate is not None:
-                        _judge(gate, out)
+                        judge(gate, out)
 
         try:
             async with asyncio.TaskGroup() as group:  # one failure cancels (and aborts) the others
@@ -320,19 +328,19 @@ class EmbeddedTier(Tier):
                     group.create_task(run(slot, ids, params))
         except BaseException as exc:
             # Unfinished (a failure, the client gone, the deadline): what the engine generated is charged.
-            call.ctx.usage.add(_usage(results, call.body.n))
+            call.ctx.usage.add(choices_usage(results, call.body.n))
             if isinstance(exc, BaseExceptionGroup):
-                raise _tier_error(exc.exceptions[0]) from None
+                raise tier_error(exc.exceptions[0]) from None
             raise
-        usage = _usage(results, call.body.n)
-        _finish_span(call, results, usage)
+        usage = choices_usage(results, call.body.n)
+        finish_span(call, results, usage)
         chat = isinstance(call.body, ChatCompletionRequest)
         plan = tool_plan(call.body) if chat else None
         if plan is not None:
             apply_tool_calls(results, plan)
         client_lp = call.body.logprobs if chat else call.body.logprobs is not None
         build = chat_body if chat else completion_body
-        rid, created = _response_id(call), int(time.time())
+        rid, created = response_id(call), int(time.time())
 
         def answer() -> bytes:
             for slot in results:
@@ -347,7 +355,9 @@ class EmbeddedTier(Tier):
 
     async def stream(self, call: TierCall) -> AsyncIterator[bytes]:
         if beam_search_asked(call.body):
-            async for chunk in self._beam_stream(call):
+            results, usage = await self._beam_search(call)
+            call.ctx.usage.add(usage)
+            async for chunk in beam_chunks(call, results, usage):
                 yield chunk
             return
         jobs = self._jobs(call)   # raises before the first byte: bad request or unfit tier
@@ -360,7 +370,7 @@ class EmbeddedTier(Tier):
         def usage_of(i: int) -> dict:     # vLLM's numbers: the choice's own prompt and its tokens so far
             return Usage(prompt_len[i], results[i].completion_tokens).as_openai()
 
-        writer = ChunkWriter(chat, _response_id(call), int(time.time()), call.alias, body.include_usage,
+        writer = ChunkWriter(chat, response_id(call), int(time.time()), call.alias, body.include_usage,
                              self._logprob_pieces(body) if client_lp else None,
                              usage_of if body.continuous_usage else None)
         engine = self.engine
@@ -368,7 +378,7 @@ class EmbeddedTier(Tier):
         scope, priority = self._scope(call)
         for _ in jobs:   # submitted together when the stream is first read
             call.span.queued(queue_depth=engine.stats.queue_depth)
-        outputs = _merged(engine, [(f"{rid}-{i}", ids, p, i) for i, ids, p in jobs], scope, priority)
+        outputs = merged_outputs(engine, [(f"{rid}-{i}", ids, p, i) for i, ids, p in jobs], scope, priority)
         prompt = PromptEcho.of(self.loaded, body, self._prompt_ids(call), [ids for _, ids, _ in jobs[::body.n]])
         held: dict[int, list] = {}      # a choice's outputs waiting for its prompt's scores
         first_seen = False
@@ -389,10 +399,10 @@ class EmbeddedTier(Tier):
                 if keep_text:
                     slot.text += out.text
                 if gate is not None:
-                    _judge(gate, out)    # counted, but before its chunk is made: it may end the call
+                    judge(gate, out)    # counted, but before its chunk is made: it may end the call
                 if not first_seen:
                     first_seen = True
-                    _first_token(call)
+                    first_token(call)
                 prompt.observe(index, out.prompt_logprobs)
                 if not prompt.ready(index):
                     held.setdefault(index, []).append(out)
@@ -416,141 +426,19 @@ class EmbeddedTier(Tier):
                     elif text or o.finished or (client_lp and lps):
                         yield writer.delta(i, text, lps, o.finish_reason if o.finished else None)
         except (EngineFault, InvalidRequestError) as exc:
-            raise _tier_error(exc) from None
+            raise tier_error(exc) from None
         finally:
             await outputs.aclose()
-            usage = _usage(list(results.values()), body.n)
+            usage = choices_usage(list(results.values()), body.n)
             call.ctx.usage.add(usage)
-            _finish_span(call, list(results.values()), usage)
+            finish_span(call, list(results.values()), usage)
         if body.include_usage:
-            yield writer.usage(_usage(list(results.values()), body.n).as_openai())
+            yield writer.usage(choices_usage(list(results.values()), body.n).as_openai())
         yield SSE_DONE
 
-
-    # ---- beam search (gateway/tiers/beam_search.py): the answer comes whole, streamed or not ----
     async def _beam_search(self, call: TierCall) -> tuple[list[ChoiceResult], Usage]:
         if self.engine is None:
             raise TierFailure(f"tier {self.name} is not loaded")
         check_supported(call.body)
-        engine = self.engine
         scope, priority = self._scope(call)
-        spent = Usage()
-        try:
-            results = await beam_choices(engine, engine.front, call.body, f"{call.ctx.request_id}",
-                                         self._engine_prompts(call), scope, priority, spent)
-        except BaseException as exc:
-            call.ctx.usage.add(spent)      # what the engine generated before the failure is charged
-            if isinstance(exc, BaseExceptionGroup):
-                raise _tier_error(exc.exceptions[0]) from None
-            raise
-        _first_token(call)
-        _finish_span(call, results, spent)
-        return results, spent
-
-    def _beam_body(self, call: TierCall, results: list[ChoiceResult], usage: Usage) -> dict:
-        build = chat_body if isinstance(call.body, ChatCompletionRequest) else completion_body
-        return build(_response_id(call), int(time.time()), call.alias, results, usage.as_openai(), None)
-
-    async def _beam_stream(self, call: TierCall) -> AsyncIterator[bytes]:
-        body = call.body
-        chat = isinstance(body, ChatCompletionRequest)
-        results, usage = await self._beam_search(call)
-        call.ctx.usage.add(usage)
-        writer = ChunkWriter(chat, _response_id(call), int(time.time()), call.alias, body.include_usage, None,
-                             (lambda i: usage.as_openai()) if body.continuous_usage else None)    # the search's
-        for slot in results:
-            if chat:
-                yield writer.role(slot.index)
-            yield writer.delta(slot.index, slot.text, None, slot.finish_reason)
-        if body.include_usage:
-            yield writer.usage(usage.as_openai())
-        yield SSE_DONE
-
-
-async def _merged(engine: AsyncEngine, jobs, scope, priority) -> AsyncIterator[tuple[int, object]]:
-    """(choice index, engine output) of all jobs as they come. Closing it aborts every job."""
-    if len(jobs) == 1:
-        rid, ids, params, index = jobs[0]
-        gen = engine.generate(rid, ids, params, scope, priority)
-        try:
-            async for out in gen:
-                yield index, out
-        finally:
-            await gen.aclose()
-        return
-    queue: asyncio.Queue = asyncio.Queue()
-
-    async def pump(rid, ids, params, index):
-        try:
-            async for out in engine.generate(rid, ids, params, scope, priority):
-                queue.put_nowait((index, out))
-        except Exception as exc:  # noqa: BLE001 - handed to the consumer
-            queue.put_nowait((index, exc))
-        finally:
-            queue.put_nowait((index, None))
-
-    tasks = [asyncio.create_task(pump(*job)) for job in jobs]
-    try:
-        remaining = len(jobs)
-        while remaining:
-            index, item = await queue.get()
-            if item is None:
-                remaining -= 1
-            elif isinstance(item, BaseException):
-                raise item
-            else:
-                yield index, item
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-
-
-def _judge(gate, out) -> None:
-    """Hand the cascade's gate this delta's token scores (it raises Escalate when unsure)."""
-    if not gate.deciding:
-        return
-    lps = out.logprobs or ()
-    gate.observe([lp.logprob for lp in lps], [lp.entropy for lp in lps], out.finished, out.prompt_hidden)
-
-
-def _first_token(call: TierCall) -> None:
-    if call.ctx.first_token_at is None:
-        call.ctx.first_token_at = time.perf_counter()
-    call.span.first_token()
-
-
-def _finish_span(call: TierCall, results: list[ChoiceResult], usage: Usage) -> None:
-    """Response attributes and usage (partial when the stream was cut short) on the tier span."""
-    span = call.span
-    if not span.recording:
-        return
-    reasons = [r.finish_reason or "error" for r in results]
-    span.finish(response_id=_response_id(call), response_model=call.alias, finish_reasons=reasons,
-                input_tokens=usage.prompt_tokens, output_tokens=usage.completion_tokens,
-                cache_read_tokens=usage.cached_tokens)
-    span.record_output([r.text for r in results], reasons)
-
-
-def _tier_error(exc: BaseException) -> BaseException:
-    # The engine's messages are written for clients (no exception text): the cause is in its log.
-    if isinstance(exc, StepFailedError):
-        return TierFailure(str(exc), error=GatewayError(500, str(exc), type_="server_error", code=exc.code.value))
-    if isinstance(exc, EngineDeadError):
-        return TierFailure(str(exc), error=GatewayError(503, str(exc), type_="server_error", code=exc.code.value))
-    if isinstance(exc, InvalidRequestError):  # refused in the engine thread (e.g. a duplicate id)
-        return GatewayError(400, str(exc), param=exc.param)
-    return exc
-
-
-def _usage(results: list[ChoiceResult], n: int) -> Usage:
-    # Every choice of one prompt shares that prompt: count it once per prompt.
-    prompt = sum(r.prompt_tokens for r in results if r.index % n == 0)
-    cached = sum(r.cached_tokens for r in results if r.index % n == 0)
-    return Usage(prompt, sum(r.completion_tokens for r in results), cached)
-
-
-def _response_id(call: TierCall) -> str:
-    prefix = "chatcmpl" if call.endpoint == "chat" else "cmpl"
-    return f"{prefix}-{call.ctx.request_id}" if call.ctx.request_id else f"{prefix}-{uuid.uuid4().hex}"
-
+        return await beam_results(self.engine, call, self._engine_prompts(call), scope, priority)
