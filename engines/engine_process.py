@@ -7,10 +7,9 @@ thread each avoid both: no GIL shared with the gateway, no team to wake, and the
 tier spread over them (measured in docs/BENCHMARKS.md). This is vLLM V1's and SGLang's shape:
 the HTTP side validates and streams, the engine core only steps.
 
-Each worker process builds its engine from a picklable recipe (`build`, a module-level callable),
-then loops: apply the commands that came in (add, abort, shut down), step, send the step's
-outputs and the engine's counters in one message. Constrained requests' grammars are compiled in
-the worker's reader thread, never in the stepping one. The parent validates every request
+Each worker process builds its engine from a picklable recipe (`build`, a module-level callable)
+and steps it (engines/engine_worker.py); the two sides talk in engines/engine_messages.py's
+typed messages. The parent validates every request
 against the limits the workers reported before sending it, routes it to the worker with the
 fewest requests in flight, and hands each worker's per-step outputs to the waiting event loops
 in one callback per loop, as AsyncEngine does.
@@ -30,9 +29,22 @@ import queue
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, fields
+from dataclasses import fields
 
 from engines.async_engine import next_delta
+from engines.engine_messages import (
+    AbortRequest,
+    AddRequest,
+    BuildFailed,
+    RequestFailed,
+    SetThreads,
+    Shutdown,
+    StepFailed,
+    StepOutputs,
+    ThreadsSet,
+    WorkerReady,
+)
+from engines.engine_worker import worker_main
 from engines.errors import EngineDeadError, ModelLoadError, StepFailedError
 from engines.grammar import GrammarCompiler
 from engines.request_limits import RequestLimits
@@ -60,105 +72,6 @@ _EXITED = "an engine process exited"
 _SHUT_DOWN = "the engine was shut down"
 
 
-@dataclass(frozen=True)
-class WorkerReady:
-    limits: RequestLimits
-    threads: int
-    pid: int
-
-
-# ---- worker process ---------------------------------------------------------------------------
-def _worker_main(build: Callable[[], object], threads: int | None, commands, outputs,
-                 max_step_failures: int) -> None:
-    """The worker process: build the engine, then step until told to stop or the parent goes."""
-    import torch
-
-    if threads is not None:
-        # On this thread, the stepping one: OpenMP keeps the team size per calling thread.
-        torch.set_num_threads(threads)
-    send_lock = threading.Lock()
-
-    def send(message) -> None:
-        with send_lock:
-            outputs.send(message)
-
-    try:
-        engine = build()
-    except BaseException as exc:  # noqa: BLE001 - reported to the parent, which fails the tier
-        send(("failed", f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"))
-        return
-    send(("ready", WorkerReady(engine.limits, torch.get_num_threads(), os.getpid()), engine.stats))
-    inbox: queue.SimpleQueue = queue.SimpleQueue()
-    wake = threading.Event()
-
-    def read() -> None:
-        while True:
-            try:
-                message = commands.recv()
-            except (EOFError, OSError):            # the parent is gone
-                message = ("shutdown",)
-            if message[0] == "add" and message[3].grammar is not None:
-                try:        # compiled here, off the stepping thread (cached by digest)
-                    message = (*message, engine.grammars.new_state(message[3].grammar))
-                except Exception as exc:  # noqa: BLE001 - the request fails alone
-                    send(("error", message[1], exc))
-                    continue
-            inbox.put(message)
-            wake.set()
-            if message[0] == "shutdown":
-                return
-
-    threading.Thread(target=read, name="tiergate-engine-commands", daemon=True).start()
-    failures_in_a_row = 0
-    while True:
-        aborted: list[RequestOutput] = []
-        while True:
-            try:
-                message = inbox.get_nowait()
-            except queue.Empty:
-                break
-            kind = message[0]
-            if kind == "shutdown":
-                engine.shutdown()
-                return
-            if kind == "abort":
-                out = engine.abort_request(message[1])
-                if out is not None:
-                    aborted.append(out)
-                continue
-            if kind == "threads":
-                torch.set_num_threads(message[1])       # from the next step's first op
-                send(("threads", torch.get_num_threads()))
-                continue
-            _, request_id, prompt_ids, params, scope, priority, *grammar = message
-            try:
-                engine.add_request(request_id, prompt_ids, params, scope, priority, grammar[0] if grammar else None)
-            except Exception as exc:  # noqa: BLE001 - a bad request fails alone
-                send(("error", request_id, exc))
-        if aborted:
-            send(("out", aborted, engine.stats))
-        if not engine.has_unfinished():
-            wake.wait(timeout=0.5)
-            wake.clear()
-            continue
-        try:
-            step_outputs = engine.step()
-        except Exception:  # noqa: BLE001 - contained: only that step's requests fail
-            failures_in_a_row += 1
-            failed = engine.step_request_ids
-            log.exception("engine step failed (%d in a row); dropping %d request(s)", failures_in_a_row, len(failed))
-            for request_id in failed:
-                engine.abort_request(request_id)
-            dead = failures_in_a_row >= max_step_failures
-            send(("step_failed", list(failed), dead, engine.stats))
-            if dead:
-                return
-            continue
-        failures_in_a_row = 0
-        send(("out", step_outputs, engine.stats))
-
-
-# ---- parent side ------------------------------------------------------------------------------
 class _Worker:
     def __init__(self, index: int, process, commands, outputs):
         self.index = index
@@ -216,7 +129,7 @@ class ProcessEngine:
         for index in range(workers):
             cmd_read, cmd_write = context.Pipe(duplex=False)
             out_read, out_write = context.Pipe(duplex=False)
-            process = context.Process(target=_worker_main, name=f"tiergate-engine-{index}", daemon=True,
+            process = context.Process(target=worker_main, name=f"tiergate-engine-{index}", daemon=True,
                                       args=(build, threads, cmd_read, out_write, max_step_failures))
             self._start(process, spin=solo_threads is not None)
             cmd_read.close()
@@ -262,7 +175,7 @@ class ProcessEngine:
         self._alone = alone
         count = self._solo_threads if alone else self._threads
         for worker in self._workers:
-            worker.send(("threads", count))
+            worker.send(SetThreads(count))
 
     @staticmethod
     def _await_ready(worker: _Worker, timeout_s: float) -> WorkerReady:
@@ -274,10 +187,12 @@ class ProcessEngine:
             if time.monotonic() > deadline:
                 raise ModelLoadError(f"engine process {worker.index} did not load within {timeout_s:.0f} s")
         message = worker.outputs.recv()
-        if message[0] != "ready":
-            raise ModelLoadError(f"engine process {worker.index} could not build its engine: {message[1]}")
-        worker.stats = message[2]
-        return message[1]
+        if isinstance(message, BuildFailed):
+            raise ModelLoadError(f"engine process {worker.index} could not build its engine: {message.reason}")
+        if not isinstance(message, WorkerReady):
+            raise ModelLoadError(f"engine process {worker.index} sent {type(message).__name__} before it was ready")
+        worker.stats = message.stats
+        return message
 
     # ---- the AsyncEngine face ----------------------------------------------------------------
     @property
@@ -350,7 +265,7 @@ class ProcessEngine:
             worker = self._choose(prefix_scope, prompt_ids)
             worker.in_flight += 1
             self._sinks[request_id] = (sink, asyncio.get_running_loop(), worker)
-        worker.send(("add", request_id, list(prompt_ids), params, prefix_scope, priority))
+        worker.send(AddRequest(request_id, list(prompt_ids), params, prefix_scope, priority))
         finished = False
         try:
             while not finished:
@@ -379,12 +294,12 @@ class ProcessEngine:
         with self._lock:
             entry = self._sinks.get(request_id)
         if entry is not None:
-            entry[2].send(("abort", request_id))
+            entry[2].send(AbortRequest(request_id))
 
     def shutdown(self) -> None:
         self._stop(_SHUT_DOWN)
         for worker in self._workers:
-            worker.send(("shutdown",))
+            worker.send(Shutdown())
             worker.close()
         for worker in self._workers:
             worker.process.join(timeout=30)
@@ -405,21 +320,20 @@ class ProcessEngine:
                 log.exception("engine process %d sent an unreadable message", worker.index)
                 self._declare_dead(_DEAD)
                 return
-            kind = message[0]
-            if kind == "out":
-                worker.stats = message[2]
-                self._deliver(message[1])
-            elif kind == "error":
-                self._fail(message[1], message[2])
-            elif kind == "threads":
-                worker.threads = message[1]
-            elif kind == "step_failed":
-                _, failed, dead, worker.stats = message
+            if isinstance(message, StepOutputs):
+                worker.stats = message.stats
+                self._deliver(message.outputs)
+            elif isinstance(message, RequestFailed):
+                self._fail(message.request_id, message.error)
+            elif isinstance(message, ThreadsSet):
+                worker.threads = message.count
+            elif isinstance(message, StepFailed):
+                worker.stats = message.stats
                 self.step_failures += 1
-                if dead:
+                if message.dead:
                     self._declare_dead(_DEAD)
                     return
-                for request_id in failed:
+                for request_id in message.request_ids:
                     self._fail(request_id, StepFailedError(_STEP_FAILED))
 
     def _release(self, request_id: str):

@@ -1,7 +1,8 @@
 """A tier whose engine runs in worker processes (`engine_processes: N`): the same answers as the
 in-process engine, requests spread over the workers, limits checked before anything is sent,
-aborted requests' KV blocks freed in the worker, and a worker that dies makes the engine dead
-and the tier rebuild it. Real processes (spawned) on a tiny random Llama."""
+aborted requests' KV blocks freed in the worker, a worker that cannot build its engine fails the
+start with its reason, a step that raises fails its own requests (and repeated ones make the
+engine dead), and a worker that dies makes the engine dead and the tier rebuild it. Real processes (spawned) on a tiny random Llama."""
 
 from __future__ import annotations
 
@@ -13,12 +14,15 @@ import time
 
 import pytest
 
-from engines.errors import ContextLengthError
+from engines.engine_process import ProcessEngine
+from engines.errors import ContextLengthError, EngineDeadError, ModelLoadError, StepFailedError
+from engines.grammar import GrammarCompiler
 from engines.sampling_params import SamplingParams
 from gateway.context import RequestContext
 from gateway.schema import CompletionRequest
 from gateway.tiers.base import TierCall, TierFailure
 from gateway.tiers.embedded import EmbeddedTier
+from gateway.tiers.embedded_load import build_worker_engine
 from gateway.tiers.engine_restart import RestartPolicy
 from policies.tier_config import EmbeddedTierConfig
 from tests.tiny_models import write_tiny_checkpoint
@@ -185,3 +189,58 @@ async def test_a_worker_that_dies_fails_its_requests_and_the_tier_rebuilds(tiny_
         assert _choice((await tier.complete(_call("after", PROMPTS[3]))).body) == expected
     finally:
         await tier.close()
+
+
+# Recipes for a worker process: module-level, so that they pickle by name.
+def _refusing_build():
+    raise RuntimeError("no weights here\nsecond line")
+
+
+def _failing_steps_build(source: str):
+    """An engine whose model's forward always raises (a kernel fault, tests/fault_injection.py)."""
+    from tests.fault_injection import ForwardFault
+
+    engine = _worker_engine(source)
+    ForwardFault(engine.loaded.model, engine).arm(forever=True)
+    return engine
+
+
+def _worker_engine(source: str):
+    config = EmbeddedTierConfig(model=source, dtype="float32", max_model_len=256, kv_cache_memory="1MiB",
+                                max_num_seqs=4, max_num_batched_tokens=64)
+    return build_worker_engine("tiny", config, source, "float32")
+
+
+def _grammars(tiny_dir) -> GrammarCompiler:
+    from engines.loaded_model import load_model
+    loaded = load_model(str(tiny_dir), "float32")
+    return GrammarCompiler(loaded.tokenizer, loaded.config.vocab_size)
+
+
+def test_a_worker_that_cannot_build_its_engine_fails_the_start_with_its_reason(tiny_dir):
+    with pytest.raises(ModelLoadError, match=r"could not build its engine: RuntimeError: no weights here$"):
+        ProcessEngine(_refusing_build, _grammars(tiny_dir), threads=1)
+
+
+async def test_a_failing_step_fails_its_requests_and_repeated_failures_kill_the_engine(tiny_dir):
+    import functools
+
+    dead = []
+    engine = ProcessEngine(functools.partial(_failing_steps_build, str(tiny_dir)), _grammars(tiny_dir), threads=1,
+                           max_step_failures=2, on_dead=dead.append)
+    try:
+        params = SamplingParams(max_tokens=4, temperature=0)
+        with pytest.raises(StepFailedError):
+            async for _ in engine.generate("first", PROMPTS[0], params):
+                pass
+        assert engine.step_failures == 1 and not engine.dead
+        with pytest.raises(EngineDeadError):
+            async for _ in engine.generate("second", PROMPTS[1], params):
+                pass
+        await _until(lambda: engine.dead, "engine declared dead")
+        assert dead == [engine]
+        with pytest.raises(EngineDeadError):
+            async for _ in engine.generate("third", PROMPTS[2], params):
+                pass
+    finally:
+        engine.shutdown()
