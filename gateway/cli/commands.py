@@ -32,19 +32,16 @@ def generate(args: argparse.Namespace) -> int:
     if tier.kind != "embedded":
         raise UsageError(f"tier {tier_name!r} is an upstream tier; generate runs embedded tiers only")
     if args.model is None:
-        # The tier's own weights, as `serve` loads them (its quantization, dense prefill, dtype).
-        from gateway.tiers.embedded_load import load_tier_model
-
         settings = tier if args.dtype is None else tier.model_copy(update={"dtype": args.dtype})
-        loaded, _ = load_tier_model(tier_name, settings, log_level=logging.INFO)
-    else:
-        # A model named on the command line runs as given: the tier's quantization is not applied.
-        dtype = args.dtype or tier.dtype
-        if dtype == "auto":
-            from gateway.tiers.embedded_load import measured_dtype
-            dtype = measured_dtype(tier_name, tier.model_copy(update={"quantization": None}), args.model, logging.INFO)
-        loaded = load_model(args.model, dtype, device=tier.device)
-    prompt_ids = loaded.tokenizer.encode(loaded.chat_template.render([{"role": "user", "content": args.prompt}]))
+        return _generate_on_tier(tier_name, settings, args)
+    # A model named on the command line runs as given, token by token on a contiguous cache: the
+    # tier's quantization and engine settings are not applied.
+    dtype = args.dtype or tier.dtype
+    if dtype == "auto":
+        from gateway.tiers.embedded_load import measured_dtype
+        dtype = measured_dtype(tier_name, tier.model_copy(update={"quantization": None}), args.model, logging.INFO)
+    loaded = load_model(args.model, dtype, device=tier.device)
+    prompt_ids = _chat_ids(loaded, args.prompt)
     sampling = SimpleSampling(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
     eos = loaded.tokenizer.eos_token_ids
     out: list[int] = []
@@ -60,6 +57,37 @@ def generate(args: argparse.Namespace) -> int:
             sys.stdout.flush()
             printed = text
     sys.stdout.write(loaded.tokenizer.decode(out)[len(printed):] + "\n")
+    return 0
+
+
+def _chat_ids(loaded, prompt: str) -> list[int]:
+    return loaded.tokenizer.encode(loaded.chat_template.render([{"role": "user", "content": prompt}]))
+
+
+def _generate_on_tier(name: str, settings, args: argparse.Namespace) -> int:
+    """The tier's own engine, as `serve` builds it: its weights (quantization, dense prefill,
+    dtype), KV dtype, speculative decoding and scheduler settings, so that the answer is the one
+    the served tier gives a lone request."""
+    from engines.sampling_params import InvalidRequestError, SamplingParams
+    from gateway.cli.usage_error import UsageError
+    from gateway.tiers.embedded_load import engine_on, load_tier_model
+
+    loaded, notes = load_tier_model(name, settings, log_level=logging.INFO)
+    engine = engine_on(name, settings, loaded, notes)
+    try:
+        engine.add_request("generate", _chat_ids(loaded, args.prompt),
+                           SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed))
+    except InvalidRequestError as exc:
+        engine.shutdown()
+        raise UsageError(str(exc)) from None
+    try:
+        while engine.has_unfinished():
+            for out in engine.step():
+                sys.stdout.write(out.text)
+                sys.stdout.flush()
+    finally:
+        engine.shutdown()
+    sys.stdout.write("\n")
     return 0
 
 

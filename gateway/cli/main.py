@@ -28,8 +28,9 @@ def _build_parser() -> argparse.ArgumentParser:
     gen = sub.add_parser("generate", help="answer one chat-templated prompt")
     gen.add_argument("prompt")
     gen.add_argument("--config", default=DEFAULT_CONFIG)
-    gen.add_argument("--tier", help="tier of the config whose weights to run, quantized as the tier serves them "
-                                    "(default: the config's default tier)")
+    gen.add_argument("--tier", help="tier of the config whose engine to run, as serve builds it: its weights "
+                                    "quantized as it serves them, its KV dtype, speculative decoding and "
+                                    "scheduler (default: the config's default tier)")
     gen.add_argument("--model", help="instead of the tier's weights: 'default', a .gguf file or an HF directory, "
                                      "run as given (the tier's quantization is not applied)")
     gen.add_argument("--dtype", choices=["float32", "bfloat16"])
