@@ -189,8 +189,6 @@ class ProcessEngine:
         message = worker.outputs.recv()
         if isinstance(message, BuildFailed):
             raise ModelLoadError(f"engine process {worker.index} could not build its engine: {message.reason}")
-        if not isinstance(message, WorkerReady):
-            raise ModelLoadError(f"engine process {worker.index} sent {type(message).__name__} before it was ready")
         worker.stats = message.stats
         return message
 

@@ -75,12 +75,12 @@ def _generate_on_tier(name: str, settings, args: argparse.Namespace) -> int:
     loaded, notes = load_tier_model(name, settings, log_level=logging.INFO)
     engine = engine_on(name, settings, loaded, notes)
     try:
-        engine.add_request("generate", _chat_ids(loaded, args.prompt),
-                           SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed))
-    except InvalidRequestError as exc:
-        engine.shutdown()
-        raise UsageError(str(exc)) from None
-    try:
+        try:
+            engine.add_request("generate", _chat_ids(loaded, args.prompt),
+                               SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
+                                              seed=args.seed))
+        except InvalidRequestError as exc:
+            raise UsageError(str(exc)) from None
         while engine.has_unfinished():
             for out in engine.step():
                 sys.stdout.write(out.text)

@@ -433,7 +433,7 @@ class EmbeddedTier(Tier):
             call.ctx.usage.add(usage)
             finish_span(call, list(results.values()), usage)
         if body.include_usage:
-            yield writer.usage(choices_usage(list(results.values()), body.n).as_openai())
+            yield writer.usage(usage.as_openai())
         yield SSE_DONE
 
     async def _beam_search(self, call: TierCall) -> tuple[list[ChoiceResult], Usage]:
