@@ -98,7 +98,12 @@ def completion_logprobs(lps: list[TokenLogprob], pieces: TokenPieces, offset: in
         tokens.append(text)
         values.append(lp.logprob)
         # An echoed prompt's first token has no logprob, and no alternatives (OpenAI's null).
-        tops.append(None if lp.logprob is None else {pieces.piece(tid)[0]: val for tid, val in lp.top})
+        # Otherwise the token itself is among them, as at OpenAI and vLLM: up to logprobs + 1.
+        top = None
+        if lp.logprob is not None:
+            top = {pieces.piece(tid)[0]: val for tid, val in lp.top}
+            top.setdefault(text, lp.logprob)
+        tops.append(top)
         offsets.append(offset)
         offset += pieces.width(lp.token_id)
     return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}

@@ -38,6 +38,20 @@ def _whole(value):
     return value
 
 
+def _null_is_default(cls, value, info: ValidationInfo):
+    """null for a field with a default is that default: OpenAI's reference marks them nullable,
+    and its Python client sends null for a keyword given as None."""
+    return cls.model_fields[info.field_name].default if value is None else value
+
+
+def _or_null(schema: dict) -> WithJsonSchema:
+    """/openapi.json's view of a field that _null_is_default admits as null."""
+    return WithJsonSchema({"anyOf": [schema, {"type": "null"}]})
+
+
+_BOOL_OR_NULL = _or_null({"type": "boolean"})
+
+
 class _Body(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True)
 
@@ -57,6 +71,18 @@ class ChatMessage(_Body):
     content: str | list[TextPart] | None = None
     name: str | None = None
 
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_parts_only(cls, value):
+        # Said here, before the union's own error ("should be a valid string") hides the reason.
+        if isinstance(value, list):
+            for part in value:
+                kind = part.get("type") if isinstance(part, dict) else None
+                if isinstance(kind, str) and kind != "text":
+                    raise ValueError(f"content parts of type '{kind[:64]}' are not supported: the models "
+                                     "served here read text only")
+        return value
+
     @model_validator(mode="after")
     def _content_present(self) -> ChatMessage:
         if self.content is None and self.role != "assistant":
@@ -72,9 +98,11 @@ class ChatMessage(_Body):
 
 
 class StreamOptions(_Body):
-    include_usage: bool = False
+    include_usage: Annotated[bool, _BOOL_OR_NULL] = False
     # vLLM's: every chunk carries the usage so far (with include_usage).
-    continuous_usage_stats: bool = False
+    continuous_usage_stats: Annotated[bool, _BOOL_OR_NULL] = False
+
+    _nulls = field_validator("include_usage", "continuous_usage_stats", mode="before")(_null_is_default)
 
 
 # Bounds of the numeric fields: past them a value is a client error here, never an overflow in an
@@ -112,10 +140,10 @@ class _Sampling(_Body):
     max_tokens: int | None = Field(None, ge=1, le=MAX_OUTPUT_TOKENS)
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
-    n: int = Field(1, ge=1, le=16)
+    n: Annotated[int, _or_null({"type": "integer", "minimum": 1, "maximum": 16})] = Field(1, ge=1, le=16)
     stop: Annotated[str | list[str] | None, WithJsonSchema(_STOP_SCHEMA)] = None
     seed: int | None = Field(None, ge=SEED_RANGE[0], le=SEED_RANGE[1])
-    stream: bool = False
+    stream: Annotated[bool, _BOOL_OR_NULL] = False
     stream_options: StreamOptions | None = None
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
@@ -123,12 +151,13 @@ class _Sampling(_Body):
     # Extensions that vLLM also accepts.
     top_k: int | None = Field(None, ge=-1, le=MAX_TOP_K)    # -1 or 0: off (vLLM's convention)
     min_p: float | None = Field(None, ge=0, le=1)
-    ignore_eos: bool = False
+    ignore_eos: Annotated[bool, _BOOL_OR_NULL] = False
     # vLLM's per-request prefix-cache salt: it narrows the tenant's prefix-cache scope (end users
     # behind one key stop sharing cached prompts), never widens it. Upstreams never see it as sent.
     cache_salt: str | None = Field(None, min_length=1, max_length=MAX_CACHE_SALT_CHARS)
 
     _whole_ints = field_validator("max_tokens", "n", "seed", "top_k", mode="before")(_whole)
+    _nulls = field_validator("n", "stream", "ignore_eos", mode="before")(_null_is_default)
 
     @field_validator("stop")
     @classmethod
@@ -181,7 +210,7 @@ class ChatCompletionRequest(_Sampling):
     known_extensions: ClassVar[type] = ChatExtensions
     messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
     max_completion_tokens: int | None = Field(None, ge=1, le=MAX_OUTPUT_TOKENS)
-    logprobs: bool = False
+    logprobs: Annotated[bool, _BOOL_OR_NULL] = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
     # Tool calling (gateway/schema_tools.py): validated and routed on, forwarded as sent.
     tools: list[Tool] | None = Field(None, max_length=MAX_TOOLS)
@@ -189,6 +218,7 @@ class ChatCompletionRequest(_Sampling):
     parallel_tool_calls: bool | None = None
 
     _whole_chat_ints = field_validator("max_completion_tokens", "top_logprobs", mode="before")(_whole)
+    _chat_nulls = field_validator("logprobs", mode="before")(_null_is_default)
 
     @field_validator("tools")
     @classmethod
@@ -225,11 +255,12 @@ class CompletionRequest(_Sampling):
     known_extensions: ClassVar[type] = CompletionExtensions
     prompt: Annotated[str | list[str] | list[int] | list[list[int]], WithJsonSchema(_PROMPT_SCHEMA)]
     logprobs: int | None = Field(None, ge=0, le=20)
-    echo: bool = False
+    echo: Annotated[bool, _BOOL_OR_NULL] = False
     suffix: str | None = None
     best_of: int | None = Field(None, ge=1, le=16)
 
     _whole_completion_ints = field_validator("logprobs", "best_of", "prompt", mode="before")(_whole)
+    _completion_nulls = field_validator("echo", mode="before")(_null_is_default)
 
     @field_validator("prompt")
     @classmethod
@@ -282,13 +313,12 @@ def parse_body(model: type[RequestBody], raw: bytes) -> RequestBody:
 
 
 def _to_error(exc: ValidationError) -> GatewayError:
-    first = exc.errors(include_url=False)[0]
+    first = _telling_error(exc.errors(include_url=False))
     if first["type"] == "json_invalid":
         return GatewayError(400, f"request body is not valid JSON ({first['msg']})")
     if first["type"] in ("model_type", "model_attributes_type") and not first["loc"]:
         return GatewayError(400, "request body must be a JSON object")
-    loc = [str(p) for p in first["loc"] if not _is_union_tag(p)]
-    param = ".".join(loc) or None
+    param = ".".join(_path(first)) or None
     msg = first["msg"].removeprefix("Value error, ")
     if first["type"] == "missing":
         msg = f"'{param}' is a required property"
@@ -297,7 +327,26 @@ def _to_error(exc: ValidationError) -> GatewayError:
     return GatewayError(400, msg, param=param)
 
 
+def _telling_error(errors: list[dict]) -> dict:
+    """The error to report. A union tries its branches in order, so for a list or an object the
+    first error is often the string branch's "should be a valid string"; a later error inside the
+    value itself (a part's missing field, a list's bad item) says what is wrong."""
+    first = errors[0]
+    if not isinstance(first.get("input"), (list, dict)):
+        return first
+    where = _path(first)
+    for error in errors[1:]:
+        path = _path(error)
+        if len(path) > len(where) and path[:len(where)] == where:
+            return error
+    return first
+
+
+def _path(error: dict) -> list[str]:
+    return [str(p) for p in error["loc"] if not _is_union_tag(p)]
+
+
 def _is_union_tag(part) -> bool:
     # pydantic adds the tried type to a union error's location (messages.0.content.str): drop it.
     return isinstance(part, str) and (part in ("str", "int", "float", "bool", "TextPart")
-                                      or part.startswith(("function-", "list[", "nullable[")))
+                                      or part.startswith(("function-", "list[", "nullable[", "literal[")))

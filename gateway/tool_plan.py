@@ -51,8 +51,12 @@ class ToolPlan:
                    for f in functions]
         schema = dict(options[0]) if len(options) == 1 else {"anyOf": options}
         schema["x-guidance"] = JSON_OPTIONS        # the separators response_format uses, no stray whitespace
+        # Qwen writes "\n" after a call's closing tag whether or not another call follows, so
+        # the grammar allows it after the last call too: the model, not the grammar, decides
+        # whether one more comes (a grammar needing a call after every "\n" made it write calls
+        # until max_tokens).
         repeat = ' ("\\n" call)*' if self.parallel else ""
-        lark = (f"start: call{repeat}\n"
+        lark = (f'start: call{repeat} "\\n"?\n'
                 f'call: {_tag(tokenizer, OPEN)} "\\n" body "\\n" {_tag(tokenizer, CLOSE)}\n'
                 f"body: %json {json.dumps(schema, ensure_ascii=False)}\n")
         return GrammarSpec.lark(lark, param="tools")

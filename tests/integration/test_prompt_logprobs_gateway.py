@@ -57,8 +57,9 @@ def test_echo_with_logprobs_scores_every_prompt_token(setup, client):
     assert lp.token_logprobs[1:n] == pytest.approx([float(expected[p - 1, ids[p]]) for p in range(1, n)], abs=1e-4)
     for p in range(1, n):
         values, order = expected[p - 1].topk(2)
-        assert lp.top_logprobs[p] == pytest.approx(dict(zip((tok.decode([t], skip_special_tokens=False) for t in order.tolist()), values.tolist())),
-                                                   abs=1e-4)
+        top = dict(zip((tok.decode([t], skip_special_tokens=False) for t in order.tolist()), values.tolist()))
+        top.setdefault(lp.tokens[p], float(expected[p - 1, ids[p]]))     # the token itself is always there
+        assert lp.top_logprobs[p] == pytest.approx(top, abs=1e-4)
     assert lp.token_logprobs[n:] == pytest.approx(plain.token_logprobs, abs=1e-5)
     assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(len(lp.tokens))]
 
@@ -130,7 +131,9 @@ def test_vllm_prompt_logprobs_with_stream_is_a_400(setup, path, body):
 def test_echo_and_prompt_logprobs_keep_their_own_counts(setup, client):
     ids = setup[1].encode(PROMPT).ids
     out = _complete(client, echo=True, logprobs=1, extra_body={"prompt_logprobs": 3}).choices[0]
-    assert all(len(top) == 1 for top in out.logprobs.top_logprobs[1:])
+    # the likeliest token, and the token itself where it is another
+    assert all(len(top) == 1 + (tok != max(top, key=top.get))
+               for tok, top in zip(out.logprobs.tokens[1:], out.logprobs.top_logprobs[1:]))
     assert all(len(entry) in (3, 4) for entry in out.prompt_logprobs[1:]) and len(out.prompt_logprobs) == len(ids)
 
 
@@ -178,3 +181,21 @@ def test_a_loglikelihood_batch_as_lm_evaluation_harness_sends_it(setup):
         greedy = all(int(expected[p - 1].argmax()) == ids[p] for p in range(ctxlen, len(ids)))
         assert all(t == max(top.values()) for t, top in zip(lps["token_logprobs"][ctxlen:-1],
                                                            lps["top_logprobs"][ctxlen:-1])) == greedy
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_sampled_token_is_always_among_its_top_logprobs(client, stream):
+    """Completions' `logprobs: k` gives the k likeliest tokens and the sampled one (up to k + 1),
+    as OpenAI's legacy API and vLLM do; at temperature 1.5 most sampled tokens are not the likeliest.
+    Tokens are named by id: the byte vocabulary's lone bytes all read as U+FFFD in text."""
+    out = _complete(client, logprobs=1, temperature=1.5, seed=7, max_tokens=24, stream=stream,
+                    extra_body={"return_tokens_as_token_ids": True})
+    if stream:
+        pairs = [(t, v, top) for chunk in out for c in chunk.choices if c.logprobs
+                 for t, v, top in zip(c.logprobs.tokens, c.logprobs.token_logprobs, c.logprobs.top_logprobs)]
+    else:
+        lp = out.choices[0].logprobs
+        pairs = list(zip(lp.tokens, lp.token_logprobs, lp.top_logprobs))
+    assert len(pairs) == 24
+    assert all(top[token] == pytest.approx(value) and len(top) <= 2 for token, value, top in pairs)
+    assert any(len(top) == 2 for _, _, top in pairs)          # sampled below the likeliest at least once

@@ -5,9 +5,10 @@ Hermes fallback) and Qwen2.5-Coder-0.5B (its own template with tools, `<tool_cal
 - `chat.completions.parse(response_format=PydanticModel)` gives a parsed object on both tiers;
 - 200 generations at temperature 1 over ten schemas (nested objects, arrays, enums, required
   fields, bounded numbers), half streamed, every one valid under `jsonschema`;
-- a tool round trip on Qwen: it calls the function (tool_choice auto, required and named; one
-  call: with parallel calls allowed, a forced grammar lets this model go on calling for other
-  cities), the client sends the result as a `tool` message, the model answers; streamed and not.
+- a tool round trip on Qwen: it calls the function once (tool_choice auto, required and named,
+  parallel calls allowed as by default: the forced grammar lets the answer end after the model's
+  newline that follows a call), the client sends the result as a `tool` message, the model
+  answers; streamed and not.
 """
 
 from __future__ import annotations
@@ -108,19 +109,20 @@ def _call_and_answer(client, choice, stream: bool):
     kw = dict(model="qwen", tools=[WEATHER_TOOL], temperature=0, max_tokens=80)
     if stream:
         calls, reason = {}, None
-        for chunk in client.chat.completions.create(messages=ASK, tool_choice=choice, stream=True,
-                                                    parallel_tool_calls=False, **kw):
+        for chunk in client.chat.completions.create(messages=ASK, tool_choice=choice, stream=True, **kw):
             c = chunk.choices[0]
             for tc in c.delta.tool_calls or []:
                 entry = calls.setdefault(tc.index, {"id": tc.id, "name": tc.function.name, "arguments": ""})
                 entry["arguments"] += tc.function.arguments or ""
             reason = c.finish_reason or reason
+        assert len(calls) == 1, calls
         call = calls[0]
         assistant = {"role": "assistant", "tool_calls": [{"id": call["id"], "type": "function", "function": {
             "name": call["name"], "arguments": call["arguments"]}}]}
     else:
-        answer = client.chat.completions.create(messages=ASK, tool_choice=choice, parallel_tool_calls=False, **kw)
+        answer = client.chat.completions.create(messages=ASK, tool_choice=choice, **kw)
         reason, message = answer.choices[0].finish_reason, answer.choices[0].message
+        assert len(message.tool_calls) == 1, message.tool_calls
         call = {"id": message.tool_calls[0].id, "name": message.tool_calls[0].function.name,
                 "arguments": message.tool_calls[0].function.arguments}
         assistant = message.model_dump(exclude_none=True)

@@ -1,0 +1,66 @@
+"""The grammar that forces tool calls (`tool_choice` required or named), run token by token through
+llguidance over a byte-level vocabulary: it takes the calls a model writes and lets the answer end
+after the last call, also when the model closes that call's line with the newline it writes
+between calls (Qwen does: a grammar needing another call after it made the model call until
+max_tokens)."""
+
+from __future__ import annotations
+
+import pytest
+
+from engines.grammar import GrammarCompiler
+from engines.tokenizer import TextTokenizer
+from gateway.tool_plan import ToolPlan
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+
+
+@pytest.fixture(scope="module")
+def tok(tmp_path_factory):
+    from tests.tiny_models import write_tiny_byte_checkpoint
+
+    path = tmp_path_factory.mktemp("bytes")
+    write_tiny_byte_checkpoint(path)
+    return TextTokenizer.from_file(path / "tokenizer.json", {})
+
+
+@pytest.fixture(scope="module")
+def compiler(tok):
+    compiler = GrammarCompiler(tok, tok.backend.get_vocab_size())
+    yield compiler
+    compiler.shutdown()
+
+
+def _run(compiler, tok, plan: ToolPlan, text: str):
+    """The grammar's state after `text`, or None when it refused one of its tokens."""
+    state = compiler.new_state(plan.grammar(tok))
+    for token in tok.encode(text, add_special_tokens=False):
+        if not state.accept(token):
+            return None
+    return state
+
+
+@pytest.mark.parametrize("forced", ["*", "get_weather"])
+@pytest.mark.parametrize("parallel", [True, False])
+def test_the_answer_may_end_after_the_last_call_and_its_newline(compiler, tok, forced, parallel):
+    plan = ToolPlan([WEATHER], forced, parallel)
+    for text in (CALL, CALL + "\n"):
+        state = _run(compiler, tok, plan, text)
+        assert state is not None and state.is_accepting, repr(text)
+    assert _run(compiler, tok, plan, CALL + "\n\n") is None         # one newline, not any whitespace
+
+
+def test_parallel_calls_follow_one_newline_each_and_only_when_allowed(compiler, tok):
+    two = CALL + "\n" + CALL
+    state = _run(compiler, tok, ToolPlan([WEATHER], "*", True), two + "\n")
+    assert state is not None and state.is_accepting
+    assert _run(compiler, tok, ToolPlan([WEATHER], "*", False), two) is None
+
+
+def test_a_call_must_come_first_and_be_whole(compiler, tok):
+    plan = ToolPlan([WEATHER], "*", True)
+    assert _run(compiler, tok, plan, "Sure! " + CALL) is None
+    assert not _run(compiler, tok, plan, CALL[:-3]).is_accepting
+    assert _run(compiler, tok, plan, CALL.replace("get_weather", "get_time")) is None
