@@ -13,7 +13,6 @@ on the weights already loaded (gateway/tiers/engine_restart.py: backoff, bounded
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import gc
 import hashlib
@@ -24,43 +23,21 @@ from collections.abc import AsyncIterator
 from engines.async_engine import AsyncEngine
 from engines.engine_process import ProcessEngine
 from engines.grammar import GrammarCompiler
-from engines.errors import EngineFault, ModelLoadError
+from engines.errors import ModelLoadError
 from engines.llm_engine import LLMEngine
 from engines.loaded_model import LoadedModel
 from engines.quantization.calibration import CalibrationSource
-from engines.sampling_params import InvalidRequestError, SamplingParams
 from gateway.context import Usage
-from gateway.openai_format import (
-    SSE_DONE,
-    ChoiceResult,
-    ChunkWriter,
-    TokenIdPieces,
-    TokenPieces,
-    chat_body,
-    completion_body,
-    json_bytes,
-)
-from gateway.schema import ChatCompletionRequest, RequestBody
+from gateway.openai_format import ChoiceResult, TokenIdPieces, TokenPieces
+from gateway.schema import RequestBody
 from gateway.tiers.base import ALL_TOKEN_SIGNALS, Tier, TierAnswer, TierCall, TierFailure
 from gateway.tiers.beam_search import beam_search_asked
+from gateway.tiers.embedded_answers import EngineCall, complete_answer, stream_answer
 from gateway.tiers.embedded_beams import beam_body, beam_chunks, beam_results
 from gateway.tiers.embedded_jobs import Job, check_supported, engine_jobs
-from gateway.tiers.embedded_outputs import (
-    choices_usage,
-    finish_span,
-    first_token,
-    judge,
-    merged_outputs,
-    response_id,
-    tier_error,
-)
 from gateway.tiers.embedded_prompts import render_prompts, truncate_prompts
 from gateway.tiers.embedded_load import build_engine, build_worker_engine, load_tier_model
-from gateway.tiers.embedded_tools import ToolChunks, apply_tool_calls
-from gateway.tiers.prompt_echo import PromptEcho
-from gateway.tool_plan import tool_plan
 from gateway.tiers.engine_restart import EngineRestarter, RestartPolicy
-from gateway.tiers.engine_events import EngineEvents
 from policies.tier_config import EmbeddedTierConfig
 
 log = logging.getLogger(__name__)
@@ -272,6 +249,13 @@ class EmbeddedTier(Tier):
         return engine_jobs(call, self._engine_prompts(call), self.engine.front,
                            drafts_from_prediction=spec is not None and spec.method == "ngram")
 
+    def _engine_call(self, call: TierCall) -> EngineCall:
+        """What answering the call needs, fixed now; raises before anything runs."""
+        jobs = self._jobs(call)
+        scope, priority = self._scope(call)
+        return EngineCall(self.engine, self.loaded, self.pieces, self._logprob_pieces(call.body), jobs,
+                          self._prompt_ids(call), scope, priority)
+
     @staticmethod
     def _scope(call: TierCall) -> tuple[str | None, int]:
         """The engine request's prefix scope and priority. A tenant's `priority` runs higher
@@ -289,69 +273,7 @@ class EmbeddedTier(Tier):
         if beam_search_asked(call.body):
             results, usage = await self._beam_search(call)
             return TierAnswer(beam_body(call, results, usage), usage)
-        jobs = self._jobs(call)
-        engine = self.engine      # this call's engine, even if a restart replaces it meanwhile
-        rid = call.ctx.request_id
-        scope, priority = self._scope(call)
-        results = [ChoiceResult(index) for index, _, _ in jobs]
-        waiting_first = True
-        gate = call.scoring
-        prompt = PromptEcho.of(self.loaded, call.body, self._prompt_ids(call), [ids for _, ids, _ in jobs[::call.body.n]])
-
-        async def run(slot: ChoiceResult, ids: list[int], params: SamplingParams) -> None:
-            nonlocal waiting_first
-            call.span.queued(queue_depth=engine.stats.queue_depth)
-            events = EngineEvents(call.span)
-            # Closed on the way out, also when the cascade's gate ends the call: the engine
-            # request is aborted then, not when the generator is collected.
-            async with contextlib.aclosing(engine.generate(f"{rid}-{slot.index}", ids, params, scope,
-                                                           priority)) as outputs:
-                async for out in outputs:
-                    events.observe(out)
-                    if waiting_first:
-                        waiting_first = False
-                        first_token(call)
-                    slot.text += out.text
-                    prompt.observe(slot.index, out.prompt_logprobs)
-                    if out.logprobs:
-                        slot.logprobs.extend(out.logprobs)
-                    slot.prompt_tokens, slot.completion_tokens = out.prompt_tokens, out.completion_tokens
-                    slot.cached_tokens = out.cached_tokens
-                    if out.finished:
-                        slot.finish_reason = out.finish_reason
-                    if gate is not None:
-                        judge(gate, out)
-
-        try:
-            async with asyncio.TaskGroup() as group:  # one failure cancels (and aborts) the others
-                for slot, (_, ids, params) in zip(results, jobs):
-                    group.create_task(run(slot, ids, params))
-        except BaseException as exc:
-            # Unfinished (a failure, the client gone, the deadline): what the engine generated is charged.
-            call.ctx.usage.add(choices_usage(results, call.body.n))
-            if isinstance(exc, BaseExceptionGroup):
-                raise tier_error(exc.exceptions[0]) from None
-            raise
-        usage = choices_usage(results, call.body.n)
-        finish_span(call, results, usage)
-        chat = isinstance(call.body, ChatCompletionRequest)
-        plan = tool_plan(call.body) if chat else None
-        if plan is not None:
-            apply_tool_calls(results, plan)
-        client_lp = call.body.logprobs if chat else call.body.logprobs is not None
-        build = chat_body if chat else completion_body
-        rid, created = response_id(call), int(time.time())
-
-        def answer() -> bytes:
-            for slot in results:
-                slot.text = prompt.text(slot.index) + slot.text
-                slot.logprobs = prompt.echoed_logprobs(slot.index) + slot.logprobs
-                slot.prompt_logprobs = prompt.vllm(slot.index, self.pieces)
-            return json_bytes(build(rid, created, call.alias, results, usage.as_openai(),
-                                    self._logprob_pieces(call.body) if client_lp else None))
-
-        # A prompt's scores can make a body of megabytes: built off the event loop then.
-        return TierAnswer(await asyncio.to_thread(answer) if prompt.scored else answer(), usage)
+        return await complete_answer(call, self._engine_call(call))
 
     async def stream(self, call: TierCall) -> AsyncIterator[bytes]:
         if beam_search_asked(call.body):
@@ -360,81 +282,9 @@ class EmbeddedTier(Tier):
             async for chunk in beam_chunks(call, results, usage):
                 yield chunk
             return
-        jobs = self._jobs(call)   # raises before the first byte: bad request or unfit tier
-        body = call.body
-        chat = isinstance(body, ChatCompletionRequest)
-        client_lp = body.logprobs if chat else body.logprobs is not None
-        results = {i: ChoiceResult(i) for i, _, _ in jobs}
-        prompt_len = {i: len(ids) for i, ids, _ in jobs}
-
-        def usage_of(i: int) -> dict:     # vLLM's numbers: the choice's own prompt and its tokens so far
-            return Usage(prompt_len[i], results[i].completion_tokens).as_openai()
-
-        writer = ChunkWriter(chat, response_id(call), int(time.time()), call.alias, body.include_usage,
-                             self._logprob_pieces(body) if client_lp else None,
-                             usage_of if body.continuous_usage else None)
-        engine = self.engine
-        rid = call.ctx.request_id
-        scope, priority = self._scope(call)
-        for _ in jobs:   # submitted together when the stream is first read
-            call.span.queued(queue_depth=engine.stats.queue_depth)
-        outputs = merged_outputs(engine, [(f"{rid}-{i}", ids, p, i) for i, ids, p in jobs], scope, priority)
-        prompt = PromptEcho.of(self.loaded, body, self._prompt_ids(call), [ids for _, ids, _ in jobs[::body.n]])
-        held: dict[int, list] = {}      # a choice's outputs waiting for its prompt's scores
-        first_seen = False
-        started = set()
-        keep_text = call.span.content_allowed   # texts are kept only for an opted-in span
-        events = {i: EngineEvents(call.span) for i in results}
-        gate = call.scoring
-        plan = tool_plan(body) if chat else None
-        tools = {i: ToolChunks(writer, i, plan) for i in results} if plan is not None else None
-        try:
-            async for index, out in outputs:
-                events[index].observe(out)
-                slot = results[index]
-                slot.prompt_tokens, slot.completion_tokens = out.prompt_tokens, out.completion_tokens
-                slot.cached_tokens = out.cached_tokens
-                if out.finished:
-                    slot.finish_reason = out.finish_reason
-                if keep_text:
-                    slot.text += out.text
-                if gate is not None:
-                    judge(gate, out)    # counted, but before its chunk is made: it may end the call
-                if not first_seen:
-                    first_seen = True
-                    first_token(call)
-                prompt.observe(index, out.prompt_logprobs)
-                if not prompt.ready(index):
-                    held.setdefault(index, []).append(out)
-                    continue
-                ready = [(index, out)]
-                if out.prompt_logprobs:         # the prompt's first choice: its siblings may go on
-                    group = index - index % body.n
-                    ready += [(i, o) for i in range(group + 1, group + body.n) for o in held.pop(i, [])]
-                for i, o in ready:
-                    text, lps = o.text, o.logprobs
-                    if i not in started:
-                        started.add(i)
-                        if chat:
-                            yield writer.role(i)
-                        # an echoed prompt leads the choice's first chunk
-                        text = prompt.text(i) + text
-                        lps = prompt.echoed_logprobs(i) + (lps or []) or None
-                    if tools is not None:
-                        for chunk in tools[i].chunks(o, client_lp):
-                            yield chunk
-                    elif text or o.finished or (client_lp and lps):
-                        yield writer.delta(i, text, lps, o.finish_reason if o.finished else None)
-        except (EngineFault, InvalidRequestError) as exc:
-            raise tier_error(exc) from None
-        finally:
-            await outputs.aclose()
-            usage = choices_usage(list(results.values()), body.n)
-            call.ctx.usage.add(usage)
-            finish_span(call, list(results.values()), usage)
-        if body.include_usage:
-            yield writer.usage(usage.as_openai())
-        yield SSE_DONE
+        # Raises before the first byte: a bad request or an unfit tier.
+        async for chunk in stream_answer(call, self._engine_call(call)):
+            yield chunk
 
     async def _beam_search(self, call: TierCall) -> tuple[list[ChoiceResult], Usage]:
         if self.engine is None:
