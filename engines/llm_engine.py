@@ -93,6 +93,11 @@ class LLMEngine:
                                    self.headroom_blocks, self.speculator.lookahead if self.speculator else None)
         log.info("KV cache: %d blocks x %d tokens = %d tokens (%.0f MiB, %s)", num_blocks, config.block_size,
                     self.pool.capacity_tokens, self.pool.nbytes / 2**20, kv_dtype)
+        if self.limits.max_request_tokens < self.max_model_len:
+            log.warning("the KV cache holds %d tokens for one request, fewer than max_model_len %d: longer "
+                        "requests are refused, and max_tokens left out runs to that capacity (raise "
+                        "kv_cache_memory or lower max_model_len)", self.limits.max_request_tokens,
+                        self.max_model_len)
 
     # ---- requests ------------------------------------------------------------------
     def add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams,

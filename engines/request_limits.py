@@ -20,6 +20,12 @@ class RequestLimits:
     block_size: int
     admissible_blocks: int      # KV blocks one request may ever hold: the pool less its headroom
 
+    @property
+    def max_request_tokens(self) -> int:
+        """Prompt plus output one request may reach: the context, or less where the KV pool
+        holds less (a small `kv_cache_memory` beside a long `max_model_len`)."""
+        return min(self.max_model_len, self.admissible_blocks * self.block_size)
+
     def check(self, prompt_ids: list[int], params: SamplingParams) -> None:
         """Raises InvalidRequestError (or a RequestTooLongError) for a request this engine can
         never serve. Needs no engine state: safe from any thread or process."""

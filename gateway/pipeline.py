@@ -149,6 +149,7 @@ class Pipeline:
         ctx.tenant_class, ctx.priority = tenant.tenant_class, tenant.priority
         ctx.prefix_scope = self.prefix_scopes.scope(rt.config.server.prefix_cache_secret(), ctx.tenant,
                                                     tenant.prefix_cache, body.cache_salt)
+        ctx.prefix_private = rt.config.auth.enabled and tenant.prefix_cache != "shared"
         if hint is not None:
             hint = hint.strip().lower()
             if hint not in PROFILES:

@@ -156,7 +156,9 @@ class UpstreamTierConfig(_TierBase):
         "reject", description="any other body field: 'reject' answers 400 naming it, 'drop' removes it")
     supports_cache_salt: bool = Field(
         False, description="the upstream accepts vLLM's `cache_salt`: it gets one derived from the tenant's "
-                           "prefix-cache scope (and the request's salt); otherwise no cache_salt is sent")
+                           "prefix-cache scope (and the request's salt); otherwise no cache_salt is sent, and (its one "
+                           "cache serving every tenant) the cached_tokens it reports reach a client as 0 unless "
+                           "auth is off or the tenant's prefix cache is `shared`")
     supports_continuous_usage: bool = Field(
         False, description="the upstream accepts vLLM's `stream_options.continuous_usage_stats` (usage in every "
                            "chunk): a stream that asks for it passes it on; otherwise it is not sent, and the "

@@ -146,7 +146,7 @@ def beam_settings(body: RequestBody, front: LLMEngine, prompt: list[int], chat: 
     """The search's settings for one prompt, checked against the engine (TierUnfit when the prompt
     and max_tokens do not fit its context: a larger tier may take it)."""
     extra = body.model_extra or {}
-    max_tokens = body.output_limit or max(1, front.max_model_len - len(prompt))
+    max_tokens = body.output_limit or max(1, front.limits.max_request_tokens - len(prompt))
     try:
         front.check_request(prompt, SamplingParams(max_tokens=max_tokens))
     except RequestTooLongError as exc:

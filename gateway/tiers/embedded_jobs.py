@@ -84,7 +84,9 @@ def engine_jobs(call: TierCall, prompts: list[list[int]], engine: LLMEngine, dra
     top = body.num_top_logprobs if chat else (body.logprobs or 0)
     prompt_lps = engine_prompt_logprobs(body)
     check_size(body, prompts)
-    limit = engine.max_model_len
+    # Without max_tokens, an answer may run to the end of the context or of what the KV pool
+    # holds for one request, whichever comes first.
+    limit = engine.limits.max_request_tokens
     extra = body.model_extra or {}
     grammar = response_format_grammar(extra.get("response_format"))
     guided = guided_grammar(extra)

@@ -37,6 +37,7 @@ from gateway.tiers.upstream_answers import (
     AnswerFacts,
     StreamReader,
     answer_logprobs,
+    hide_cached_tokens,
     read_answer,
     read_usage,
     strip_logprobs,
@@ -221,7 +222,14 @@ class UpstreamTier(Tier):
             if not _client_wants_logprobs(call):
                 strip_logprobs(data)
                 raw = to_json(data)
+        if usage.cached_tokens and self._hides_cached(call) and hide_cached_tokens(data):
+            raw = to_json(data)
         return TierAnswer(raw, usage)
+
+    def _hides_cached(self, call: TierCall) -> bool:
+        """An upstream without `cache_salt` shares one prefix cache among all the gateway's
+        tenants: its cached-token counts would tell a tenant that another sent the same prompt."""
+        return call.ctx.prefix_private and not self.config.supports_cache_salt
 
     # ---- a stream ---------------------------------------------------------------------------
     async def stream(self, call: TierCall) -> AsyncIterator[bytes]:
@@ -236,7 +244,8 @@ class UpstreamTier(Tier):
                 await self._check_status(response)
                 if not response.headers.get("content-type", "").startswith("text/event-stream"):
                     raise UpstreamFailure("not_event_stream", f"content-type {response.headers.get('content-type')!r}")
-                reader = StreamReader(self.config.max_response_bytes, facts, call.span.recording)
+                reader = StreamReader(self.config.max_response_bytes, facts, call.span.recording,
+                                      hide_cached=self._hides_cached(call))
                 include_usage = call.body.include_usage
                 # Continuous usage stats put the usage so far in every chunk: only the closing
                 # usage chunk is the answer's, so only it is counted.

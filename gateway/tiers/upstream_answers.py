@@ -91,6 +91,17 @@ def answer_logprobs(data: dict) -> list[float]:
     return []
 
 
+def hide_cached_tokens(data: dict) -> bool:
+    """Zero the answer's `cached_tokens` (an upstream that cannot keep tenants' caches apart
+    would tell one tenant what another sent); True if there was a count to hide. Call after
+    read_usage accepted the usage."""
+    details = (data.get("usage") or {}).get("prompt_tokens_details")
+    if not details or not details.get("cached_tokens"):
+        return False
+    details["cached_tokens"] = 0
+    return True
+
+
 def strip_logprobs(data: dict) -> None:
     for choice in data["choices"]:
         choice["logprobs"] = None
@@ -209,14 +220,17 @@ def event_data(event: bytes) -> bytes | None:
 class StreamReader:
     """One upstream event stream: `feed` bytes as they arrive, `end` once it closed. Each returns
     the events to relay as (bytes ready to send, usage if the event reported some, whether it is
-    the usage-only chunk (choices == [])). Facts for the span are noted on `facts`."""
+    the usage-only chunk (choices == [])). Facts for the span are noted on `facts`.
+    `hide_cached`: events reporting cached tokens are relayed with the count zeroed (the usage
+    returned keeps it)."""
 
-    __slots__ = ("_first", "_splitter", "facts", "record_finish")
+    __slots__ = ("_first", "_splitter", "facts", "hide_cached", "record_finish")
 
-    def __init__(self, limit: int, facts: AnswerFacts, record_finish: bool):
+    def __init__(self, limit: int, facts: AnswerFacts, record_finish: bool, hide_cached: bool = False):
         self._splitter = EventSplitter(limit)
         self.facts = facts
         self.record_finish = record_finish   # the span is recording: finish reasons are worth a parse
+        self.hide_cached = hide_cached
         self._first = True
 
     def feed(self, data: bytes) -> list[tuple[bytes, Usage | None, bool]]:
@@ -234,21 +248,24 @@ class StreamReader:
             data = event_data(event)
             if data is None:
                 continue            # comments and retry hints are the upstream's, not the client's
-            usage, usage_only = self._inspect(event, data)
+            usage, usage_only, chunk = self._inspect(data)
+            if self.hide_cached and usage is not None and usage.cached_tokens and hide_cached_tokens(chunk):
+                event = b"data: " + json.dumps(chunk, ensure_ascii=False, separators=(",", ":")).encode()
             out.append((event + b"\n\n", usage, usage_only))
         return out
 
-    def _inspect(self, event: bytes, data: bytes) -> tuple[Usage | None, bool]:
+    def _inspect(self, data: bytes) -> tuple[Usage | None, bool, dict | None]:
+        """(usage reported, whether the chunk is usage only, the chunk where it was parsed)."""
         stripped = data.strip()
         if stripped == _DONE:
-            return None, False
+            return None, False, None
         if not stripped.startswith(b"{"):
             raise UpstreamFailure("bad_event", f"event data is not a JSON object: {_excerpt(data)}")
         has_usage = b'"usage"' in data
         first, self._first = self._first, False
         if not (first or has_usage or b'"error"' in data or self.facts.keep_text
                 or (self.record_finish and _FINISHED.search(data))):
-            return None, False
+            return None, False, None
         chunk = _loads(data, "bad_event")
         if not isinstance(chunk, dict):
             raise UpstreamFailure("bad_event", f"event data is not a JSON object: {_excerpt(data)}")
@@ -256,7 +273,7 @@ class StreamReader:
             raise UpstreamFailure("stream_error", f"the upstream sent an error event: {_excerpt(data)}")
         self.facts.read(chunk)
         if not has_usage or chunk.get("usage") is None:
-            return None, False
+            return None, False, chunk
         usage = read_usage(chunk["usage"])
         self.facts.usage = usage
-        return usage, not chunk.get("choices")
+        return usage, not chunk.get("choices"), chunk

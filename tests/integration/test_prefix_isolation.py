@@ -191,3 +191,29 @@ def test_upstream_gets_a_derived_salt_only_where_supported(gw, upstream):
     assert alice_stream == alice_user and alice_text == alice     # the same scope on every path
     assert "end-user-1" not in alice_user                # the client's own salt never leaves as sent
     assert all("cache_salt" not in b for b in plain)     # a tier without support gets none
+
+
+def _upstream_cached(gw, tenant: str, model: str, endpoint: str, stream: bool) -> int:
+    client, marker = _client(gw, tenant), "upstream-cached-marker"
+    if endpoint == "chat":
+        kw = dict(model=model, messages=[{"role": "user", "content": marker}], max_tokens=4)
+        create = client.chat.completions.create
+    else:
+        kw, create = dict(model=model, prompt=marker, max_tokens=4), client.completions.create
+    if not stream:
+        return create(**kw).usage.prompt_tokens_details.cached_tokens
+    chunks = list(create(stream=True, stream_options={"include_usage": True}, **kw))
+    return chunks[-1].usage.prompt_tokens_details.cached_tokens
+
+
+@pytest.mark.parametrize("endpoint", ["chat", "completions"])
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_unsalted_upstream_never_tells_an_isolated_tenant_what_was_cached(gw, endpoint, stream):
+    """The recording upstream reports 3 cached tokens on every answer. Behind a tier that cannot
+    take a cache_salt its one cache serves every tenant, so that count could be another tenant's
+    prompt: isolated and grouped tenants see 0 there; tenants in the shared scope (who share the
+    cache anyway) and any tenant on a salted tier (isolated at the upstream) see the count."""
+    assert _upstream_cached(gw, "alice", "plain", endpoint, stream) == 0
+    assert _upstream_cached(gw, "carol", "plain", endpoint, stream) == 0
+    assert _upstream_cached(gw, "erin", "plain", endpoint, stream) == 3
+    assert _upstream_cached(gw, "alice", "salted", endpoint, stream) == 3
