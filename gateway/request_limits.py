@@ -217,6 +217,7 @@ def refusal_error(admission: Admission) -> GatewayError:
     if admission.reason == "insufficient_quota":
         type_ = "insufficient_quota"
     else:
-        type_ = "tokens" if admission.limit_kind == "tpm" else "requests"
+        kind = admission.limit_kind or ""
+        type_ = "tokens" if kind == "tpm" or kind.startswith("tokens_per_") else "requests"
     return GatewayError(429, admission.message, type_=type_, code=admission.reason,
                         headers=admission_headers(admission))

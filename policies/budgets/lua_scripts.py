@@ -91,6 +91,7 @@ local cost = tonumber(ARGV[5])
 local tomb_ms = tonumber(ARGV[6])
 local n = tonumber(ARGV[7])
 local CONC_RETRY = 1000000
+local HELD_RETRY = 1000000
 
 local days = math.floor(tonumber(t[1]) / 86400)
 local y, m, d = civil(days)
@@ -162,14 +163,18 @@ local function gcra(sid, limit, cost_units, tat, what, off)
   return new, nil
 end
 
+-- Over a budget only with what requests in flight hold (it fits beside what was used): they
+-- may give most of it back, so the refusal is a short wait (':held'), not a spent budget.
 local function check_budget(sid, key, tlim, clim, reset_at, what_t, what_c)
   local v = redis.call('HMGET', key, 'ut', 'rt', 'uc', 'rc')
   local ut, rt, uc, rc = tonumber(v[1] or '0'), tonumber(v[2] or '0'), tonumber(v[3] or '0'), tonumber(v[4] or '0')
   if tlim >= 0 and ut + rt + tokens > tlim then
-    quota_fail = fail(quota_fail, sid, what_t, tokens <= tlim and reset_at - now or -1)
+    if ut + tokens <= tlim then rate_fail = fail(rate_fail, sid, what_t .. ':held', HELD_RETRY)
+    else quota_fail = fail(quota_fail, sid, what_t, tokens <= tlim and reset_at - now or -1) end
   end
   if clim >= 0 and uc + rc + cost > clim then
-    quota_fail = fail(quota_fail, sid, what_c, cost <= clim and reset_at - now or -1)
+    if uc + cost <= clim then rate_fail = fail(rate_fail, sid, what_c .. ':held', HELD_RETRY)
+    else quota_fail = fail(quota_fail, sid, what_c, cost <= clim and reset_at - now or -1) end
   end
   return ut + rt, uc + rc
 end

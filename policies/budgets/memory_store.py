@@ -14,10 +14,11 @@ from dataclasses import dataclass
 
 from policies.budgets.rules import periods
 from policies.budgets.store import CONCURRENCY_RETRY_S, ScopeUsage, decision_from_raw
-from policies.budgets.types import SCOPE_PREFIX, Decision, FinishStatus, Reservation, ReservePlan
+from policies.budgets.types import SCOPE_PREFIX, Decision, FinishStatus, Reservation, ReservePlan, held_kind
 
 MINUTE = 60_000_000
 _CONC_RETRY = int(CONCURRENCY_RETRY_S * 1e6)
+_HELD_RETRY = _CONC_RETRY      # budgets held by requests in flight free up as they finish
 _SWEEP_EVERY_US = 60 * 1_000_000
 
 
@@ -132,10 +133,18 @@ class MemoryBudgetStore:
             nonlocal quota_fail
             c = self._counters.get(key, {})
             ut, rt, uc, rc = c.get("ut", 0), c.get("rt", 0), c.get("uc", 0), c.get("rc", 0)
+            nonlocal rate_fail
+            # Over only with what requests in flight hold: a short wait, as in the Redis script.
             if tlim >= 0 and ut + rt + tokens > tlim:
-                quota_fail = fail(quota_fail, sid, what_t, reset_at - now if tokens <= tlim else -1)
+                if ut + tokens <= tlim:
+                    rate_fail = fail(rate_fail, sid, held_kind(what_t), _HELD_RETRY)
+                else:
+                    quota_fail = fail(quota_fail, sid, what_t, reset_at - now if tokens <= tlim else -1)
             if clim >= 0 and uc + rc + cost > clim:
-                quota_fail = fail(quota_fail, sid, what_c, reset_at - now if cost <= clim else -1)
+                if uc + cost <= clim:
+                    rate_fail = fail(rate_fail, sid, held_kind(what_c), _HELD_RETRY)
+                else:
+                    quota_fail = fail(quota_fail, sid, what_c, reset_at - now if cost <= clim else -1)
             return [ut + rt, uc + rc]
 
         def with_counters(reply: list, add: int) -> list:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from policies.budgets.rules import NANO_PER_USD, describe_scope
-from policies.budgets.types import QUOTA_KINDS, Decision, ScopeRule
+from policies.budgets.types import HELD_SUFFIX, QUOTA_KINDS, Decision, ScopeRule
 
 REASON_RATE = "rate_limit_exceeded"
 REASON_QUOTA = "insufficient_quota"
@@ -29,6 +29,10 @@ def refusal_message(decision: Decision, rules: tuple[ScopeRule, ...], tokens: in
         return f"Rate limit reached for {who}: {limit} tokens per minute, this request needs {tokens}.{wait}"
     if code == "max_concurrent":
         return f"Too many concurrent requests for {who}: at most {limit} at once.{wait}"
+    held = code.endswith(HELD_SUFFIX)
+    if held:
+        code = code.removesuffix(HELD_SUFFIX)
+        limit = getattr(rule, code, None) if rule is not None else None
     period = "day" if code.endswith("_day") else "month"
     if code.startswith("cost"):
         budget = f"${limit / NANO_PER_USD:.6g}" if limit is not None else "its"
@@ -36,6 +40,9 @@ def refusal_message(decision: Decision, rules: tuple[ScopeRule, ...], tokens: in
     else:
         budget = f"{limit} tokens" if limit is not None else "its"
         need = f"{tokens} tokens"
+    if held:
+        return (f"The budget of {who} ({budget} per {period}) is held by requests in flight; this request "
+                f"({need}) fits once they finish and give back what they did not use.{wait}")
     if retry is None:
         return f"This request ({need}) exceeds the whole budget of {who} ({budget} per {period})."
     return (f"You exceeded the budget of {who}: {budget} per {period} (this request needs {need}). "

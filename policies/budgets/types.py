@@ -10,6 +10,15 @@ NO_LIMIT = -1  # how a missing limit travels to the stores (0 is a real limit: n
 QUOTA_KINDS = (  # the limit kinds that make a refusal "insufficient_quota"
     "tokens_per_day", "tokens_per_month", "cost_per_day", "cost_per_month")
 
+HELD_SUFFIX = ":held"
+
+
+def held_kind(kind: str) -> str:
+    """A budget refused only because requests in flight hold part of it (what was used leaves
+    room): a rate-limit refusal with a short wait, not a spent budget."""
+    return kind + HELD_SUFFIX
+
+
 # Scope ids carry the kind as a prefix, so a tenant and an API key with the same name never share state.
 SCOPE_PREFIX = {"api_key": "k:", "tenant": "t:", "tier": "m:", "session": "s:"}
 
@@ -91,7 +100,7 @@ class RateLimitInfo:
 class Decision:
     """A store's raw answer to a ReservePlan."""
 
-    code: str                 # "ok", "rpm", "tpm", "max_concurrent", one of QUOTA_KINDS, or "duplicate"
+    code: str                 # "ok", "rpm", "tpm", "max_concurrent", a QUOTA_KINDS entry (or its held_kind), "duplicate"
     scope: str | None         # the scope that refused
     retry_after_s: float | None   # None: waiting does not help
     now: float                # the store's clock, epoch seconds

@@ -4,7 +4,8 @@ Each worker is this file run as a script: an independent OS process with its own
 connection pool and event loop, driven phase by phase through stdin/stdout.
 
 What must hold under any load, and nothing else is asserted: the budget is never overspent,
-every refusal is a budget refusal (insufficient_quota, tokens_per_day, on the tenant), every
+every refusal is a refusal by the tenant's tokens_per_day (spent: insufficient_quota; full only
+with what requests in flight hold: rate_limit_exceeded, a short wait), every
 reservation is finished exactly once, and nothing stays reserved. How the two processes'
 requests interleave is up to the OS scheduler; the phases are arranged so that the checks
 never depend on it (see the test).
@@ -141,11 +142,12 @@ def test_two_processes_never_overspend_one_budget(redis_url):
         # timing), and each process asks for more than is left, so each must meet refusals.
         # The only refusal that may occur is the tenant's day budget: no rate limit is configured,
         # max_concurrent (5000) cannot be reached, and a store failure is reported by its type.
-        quota = {"insufficient_quota/tokens_per_day/t:acme"}
+        # (Spent, or full with what requests in flight hold: a short wait.)
+        quota = {"insufficient_quota/tokens_per_day/t:acme", "rate_limit_exceeded/tokens_per_day:held/t:acme"}
         first = _ask(procs, "reserve acme 200")
         assert [(r["admitted"], r["refused"]) for r in first] == [(200, {})] * 2
         second = _ask(procs, "reserve acme 300")
-        assert all(set(r["refused"]) == quota and sum(r["refused"].values()) >= 200 for r in second), second
+        assert all(set(r["refused"]) <= quota and sum(r["refused"].values()) >= 200 for r in second), second
         # Never overspent, and every refusal a budget refusal: so the budget was full, exactly.
         assert sum(r["admitted"] for r in first + second) == 500
         assert max(r["first"] for r in first) < min(r["last"] for r in second)
@@ -166,7 +168,9 @@ def test_two_processes_never_overspend_one_budget(redis_url):
         usage, held = asyncio.run(inspect("loop"))
         assert usage.used_tokens_day == sum(r["used"] for r in replies) <= 30_000
         assert sum(r["admitted"] for r in replies) > 300     # released capacity was admitted again
-        assert set().union(*(r["refused"] for r in replies)) == {"insufficient_quota/tokens_per_day/t:loop"}
+        assert set().union(*(r["refused"] for r in replies)) <= {"insufficient_quota/tokens_per_day/t:loop",
+                                                                  "rate_limit_exceeded/tokens_per_day:held/t:loop"}
+        assert any(r["refused"] for r in replies)
         assert (usage.reserved_tokens_day, usage.in_flight, held) == (0, 0, 0)
     finally:
         for p in procs:

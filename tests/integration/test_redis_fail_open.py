@@ -47,8 +47,9 @@ async def _admitted_locally(budgets: Budgets, budget: int = BUDGET) -> int:
         admission = await budgets.reserve(ACME, *REQUEST)
         assert admission.degraded
         if not admission.allowed:
-            assert (admission.reason, admission.limit_kind) == ("insufficient_quota", "tokens_per_day")
-            assert admission.retry_after is not None and admission.retry_after > 0     # renews tomorrow
+            # Everything admitted is still held: a short wait, not a spent budget.
+            assert (admission.reason, admission.limit_kind) == ("rate_limit_exceeded", "tokens_per_day:held")
+            assert admission.retry_after is not None and admission.retry_after > 0
             assert f"{budget} tokens per day" in admission.message      # the whole budget, as configured
             return admitted
         admitted += 1

@@ -32,7 +32,7 @@ async def test_both_stores_report_budget_counters_after_the_decision(make_budget
     second = await budgets.store.reserve(_plan(config, 50, 5))
     assert second.counters[1] == (80, 12, 80, 12)                    # after this reservation
     refused = await budgets.store.reserve(_plan(config, 50, 5))
-    assert refused.code == "tokens_per_day" and refused.counters[1] == (80, 12, 80, 12)   # nothing added
+    assert refused.code == "tokens_per_day:held" and refused.counters[1] == (80, 12, 80, 12)   # nothing added
 
 
 def _decision(tokens_day: int, tokens_month: int = -1) -> Decision:

@@ -27,21 +27,24 @@ def budgets_with(clock: Clock, **tenant) -> tuple[Budgets, MemoryBudgetStore]:
 async def test_day_budget_renews_at_utc_midnight_and_late_usage_stays_in_its_day():
     clock = Clock("2026-03-31T23:59:59.500000")
     budgets, _ = budgets_with(clock, tokens_per_day=100, tokens_per_month=1000)
-    held = await budgets.reserve(ACME, 60, 40)
-    refused = await budgets.reserve(ACME, 1, 0)
+    held = await budgets.reserve(ACME, 30, 10)
+    spent = await budgets.reserve(ACME, 40, 20)
+    assert await budgets.reconcile(spent.reservation, 40, 20) is FinishStatus.APPLIED
+    refused = await budgets.reserve(ACME, 41, 0)          # 60 used + 41: spent, whatever the 40 held give back
     assert refused.reason == "insufficient_quota" and refused.retry_after == 0.5
     clock.us += 500_000                                   # 2026-04-01T00:00:00: a new day and month
     assert (await budgets.reserve(ACME, 50, 50)).allowed
-    assert await budgets.reconcile(held.reservation, 60, 10) is FinishStatus.APPLIED
+    assert await budgets.reconcile(held.reservation, 30, 10) is FinishStatus.APPLIED
     usage = await budgets.usage("t:acme")
     assert (usage.day, usage.used_tokens_day, usage.reserved_tokens_day) == ("20260401", 0, 100)
-    assert usage.used_tokens_month == 0                   # the 70 tokens count in March
+    assert usage.used_tokens_month == 0                   # the 100 tokens count in March
 
 
 async def test_month_budget_refusal_waits_for_the_first_of_the_month():
     clock = Clock("2026-02-27T12:00:00")
     budgets, _ = budgets_with(clock, tokens_per_month=10)
-    assert (await budgets.reserve(ACME, 10, 0)).allowed
+    spent = await budgets.reserve(ACME, 10, 0)
+    await budgets.reconcile(spent.reservation, 10, 0)
     refused = await budgets.reserve(ACME, 1, 0)
     assert refused.limit_kind == "tokens_per_month" and refused.retry_after == 36 * 3600
 

@@ -64,20 +64,33 @@ async def test_token_budget_admits_up_to_the_budget_and_no_further(make_budgets)
     budgets = make_budgets(**tenant_limits(tokens_per_day=1000))
     admitted = [await budgets.reserve(ACME, 60, 40) for _ in range(10)]
     assert all(a.allowed for a in admitted)
+    # Full, but only with what requests in flight hold: they may give most of it back, so this is
+    # a short wait (rate_limit_exceeded), not a spent budget.
+    held = await budgets.reserve(ACME, 1, 0)
+    assert not held.allowed and held.reason == "rate_limit_exceeded"
+    assert held.scope == "t:acme" and held.limit_kind == "tokens_per_day:held"
+    assert held.retry_after == pytest.approx(1.0) and "held by requests in flight" in held.message
+    # Reconciling to less than the estimate gives the rest back, to the token.
+    assert await budgets.reconcile(admitted[0].reservation, 30, 10) is FinishStatus.APPLIED
+    assert not (await budgets.reserve(ACME, 61, 0)).allowed
+    last = await budgets.reserve(ACME, 60, 0)
+    assert last.allowed
+    usage = await budgets.usage("t:acme")
+    assert usage.used_tokens_day == 40 and usage.reserved_tokens_day == 960
+    # Every reservation used in full: the budget is spent and renews at the next UTC midnight of
+    # the store's clock.
+    for a in admitted[1:]:
+        await budgets.reconcile(a.reservation, 60, 40)
+    await budgets.reconcile(last.reservation, 60, 0)
     refused = await budgets.reserve(ACME, 1, 0)
     assert not refused.allowed and refused.reason == "insufficient_quota"
     assert refused.scope == "t:acme" and refused.limit_kind == "tokens_per_day"
     assert "tenant 'acme'" in refused.message
-    # The budget renews at the next UTC midnight of the store's clock.
     now = dt.datetime.fromtimestamp(refused.store_time, dt.UTC)
     midnight = dt.datetime.combine(now.date() + dt.timedelta(days=1), dt.time(), dt.UTC)
     assert refused.retry_after == pytest.approx((midnight - now).total_seconds(), abs=0.01)
-    # Reconciling to less than the estimate gives the rest back, to the token.
-    assert await budgets.reconcile(admitted[0].reservation, 30, 10) is FinishStatus.APPLIED
-    assert not (await budgets.reserve(ACME, 61, 0)).allowed
-    assert (await budgets.reserve(ACME, 60, 0)).allowed
     usage = await budgets.usage("t:acme")
-    assert usage.used_tokens_day == 40 and usage.reserved_tokens_day == 960
+    assert (usage.used_tokens_day, usage.reserved_tokens_day) == (1000, 0)
     assert usage.day == now.strftime("%Y%m%d") and usage.month == now.strftime("%Y%m")
 
 
@@ -221,8 +234,10 @@ async def test_all_scopes_or_none(make_budgets):
 
 async def test_budgets_win_over_rate_limits_and_quota_names_the_scope(make_budgets):
     budgets = make_budgets(api_keys={"default": {"rpm": 1}}, **tenant_limits(tokens_per_day=10))
-    assert (await budgets.reserve(ACME, 5, 5)).allowed
-    refused = await budgets.reserve(ACME, 5, 5)   # over both the key's rpm and the tenant's budget
+    first = await budgets.reserve(ACME, 5, 5)
+    assert first.allowed
+    await budgets.reconcile(first.reservation, 5, 5)
+    refused = await budgets.reserve(ACME, 5, 5)   # over both the key's rpm and the tenant's spent budget
     assert refused.reason == "insufficient_quota" and refused.scope == "t:acme"
 
 
@@ -231,8 +246,8 @@ async def test_cost_budget_from_tier_prices(make_budgets):
                            **tenant_limits(cost_per_day=0.01))       # $0.01 = 1,000 in + 2,250 out
     a = await budgets.reserve(ACME, 1000, 2000)                     # $0.001 + $0.008
     assert a.allowed
-    refused = await budgets.reserve(ACME, 1000, 1)
-    assert refused.reason == "insufficient_quota" and refused.limit_kind == "cost_per_day"
+    refused = await budgets.reserve(ACME, 1000, 1)                 # fits beside what was spent: held
+    assert refused.reason == "rate_limit_exceeded" and refused.limit_kind == "cost_per_day:held"
     assert "$0.01 per day" in refused.message
     await budgets.reconcile(a.reservation, 1000, 500)               # $0.001 + $0.002 actually spent
     usage = await budgets.usage("t:acme")
@@ -278,7 +293,8 @@ async def test_concurrent_reserves_never_exceed_the_budget(make_budgets):
     admissions = await asyncio.gather(*[replicas[i % 2].reserve(ACME, 70, 30) for i in range(1000)])
     admitted = [a for a in admissions if a.allowed]
     assert len(admitted) == 500                     # 500 x 100 tokens: the budget exactly
-    assert all(a.reason == "insufficient_quota" for a in admissions if not a.allowed)
+    # Nothing is spent yet: every refusal is the budget held by the admitted ones, a short wait.
+    assert all(a.limit_kind == "tokens_per_day:held" for a in admissions if not a.allowed)
     usage = await replicas[0].usage("t:acme")
     assert usage.reserved_tokens_day == 50_000 and usage.in_flight == 500
     # Finish concurrently, some twice and from both replicas; a third are released (errors).
