@@ -30,7 +30,7 @@ from gateway.request_limits import RequestLimits, api_key_label
 from gateway.runtime import Runtime, RuntimeHolder
 from gateway.schema import ChatCompletionRequest, CompletionRequest, RequestBody
 from gateway.skips import SkipReason
-from gateway.sse import SSEResponse, sse_error_event
+from gateway.sse import SSEResponse, is_done_event, sse_error_event
 from gateway.telemetry.request import RequestTelemetry, start_request
 from gateway.telemetry.setup import Telemetry, build_telemetry
 from gateway.tiers.base import TierAnswer, TierCall, TierFailure
@@ -294,12 +294,15 @@ async def _relay(ctx: RequestContext, attempt: Attempt, held: list[bytes], chunk
     """The stream to the client: the chunks read before it started (the first, or all that a
     cascade held back), then the rest; ends the attempt when it closes."""
     relayed, outcome, error_type = len(held), Outcome.SUCCESS, None
+    done = False         # [DONE] went out: a close from here on is the end of a whole answer
+    started = time.perf_counter()
     try:
         for chunk in held:
             yield chunk
         async for chunk in chunks:
             relayed += 1
             yield chunk
+            done = done or is_done_event(chunk)
     except (TierFailure, GatewayError) as exc:
         # Bytes already went out: no fallback now; tell the client in the stream itself.
         failed = isinstance(exc, TierFailure)
@@ -310,9 +313,12 @@ async def _relay(ctx: RequestContext, attempt: Attempt, held: list[bytes], chunk
             error_type = type(exc).__name__
         yield sse_error_event(str(exc), "server_error" if failed else None)
     except (GeneratorExit, asyncio.CancelledError):
-        error_type = CANCELLED   # the client left: not the tier's failure
+        if not done:
+            error_type = CANCELLED   # the client left: not the tier's failure
         raise
     finally:
+        # Relaying waits on the tier's tokens and the client's reads: not the gateway's overhead.
+        ctx.tier_seconds += time.perf_counter() - started
         await chunks.aclose()   # the tier's own finally puts usage on the span first
         # Reconciled once with the usage so far (also when the client left).
         await attempt.end(outcome, ctx.usage, relayed, error_type=error_type)

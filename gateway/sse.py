@@ -20,6 +20,12 @@ from collections.abc import AsyncIterator
 DEFAULT_WRITE_TIMEOUT_S = 30.0
 
 
+def is_done_event(chunk: bytes) -> bool:
+    """The stream's closing `data: [DONE]` event (ours, or an upstream's as relayed). A client may
+    close the connection as soon as it has read it: that is the end, not a client leaving."""
+    return chunk.endswith(b"[DONE]\n\n")
+
+
 def sse_error_event(message: str, type_: str | None = None) -> bytes:
     body = {"error": {"message": message, "type": type_ or "invalid_request_error", "param": None, "code": None}}
     return b"data: " + json.dumps(body).encode() + b"\n\n"
@@ -70,10 +76,12 @@ class SSEResponse:
 
     async def __call__(self, scope, receive, send) -> None:
         disconnected = False
+        done_sent = False
         watch = _WriteWatch(self.write_timeout_s)
         loop = asyncio.get_running_loop()
 
         async def pump() -> None:
+            nonlocal done_sent
             watch.since = loop.time()
             await send({"type": "http.response.start", "status": 200, "headers": self.headers})
             watch.since = None
@@ -81,6 +89,7 @@ class SSEResponse:
                 watch.since = loop.time()
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
                 watch.since = None
+                done_sent = done_sent or is_done_event(chunk)
             await send({"type": "http.response.body", "body": b"", "more_body": False})
 
         async def wait_disconnect() -> None:
@@ -109,5 +118,7 @@ class SSEResponse:
                 pumping.cancel()
                 await asyncio.gather(pumping, return_exceptions=True)
             await self.chunks.aclose()   # aborts the tier request if it is still running
-            self.disconnected = disconnected
+            # A client that read [DONE] and closed before the tier's stream had quite ended (an
+            # upstream's last bytes) got the whole answer.
+            self.disconnected = disconnected and not done_sent
             self.stalled = watch.stalled

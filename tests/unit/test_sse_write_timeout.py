@@ -1,6 +1,8 @@
 """SSEResponse against an ASGI server whose sends stop completing (a client that stopped reading,
 its socket buffers full): the response ends within the write timeout, as if the client had
-left, and the chunk iterator is closed so the tier call behind it ends too."""
+left, and the chunk iterator is closed so the tier call behind it ends too. And a client that
+closes the connection: before [DONE] it left; after [DONE] (the tier's stream not quite ended, as
+an upstream's can be) it read the whole answer, and is not counted as gone."""
 
 from __future__ import annotations
 
@@ -65,3 +67,54 @@ async def test_a_slow_tier_between_sends_is_not_a_stalled_client():
     await asyncio.wait_for(response({}, _never_disconnects, send), 30)
     assert not response.disconnected and not response.stalled
     assert sent[-1] == {"type": "http.response.body", "body": b"", "more_body": False} and len(sent) == 5
+
+
+class _TailAfterDone(_Chunks):
+    """Two chunks, [DONE], then a tier stream that has not quite ended (an upstream's last bytes
+    still on their way) when the client closes."""
+
+    def __init__(self, events: list[bytes]):
+        super().__init__()
+        self.events = events
+
+    async def __anext__(self) -> bytes:
+        if self.sent < len(self.events):
+            self.sent += 1
+            return self.events[self.sent - 1]
+        await asyncio.Event().wait()        # the tail never comes: the client's close ends it
+        raise StopAsyncIteration
+
+
+async def _leaves_after(count: int, sent: list) -> None:
+    while sum(m["type"] == "http.response.body" for m in sent) < count:
+        await asyncio.sleep(0.001)
+
+
+async def test_a_client_that_closes_after_done_read_the_whole_answer():
+    chunks, sent = _TailAfterDone([b"data: {}\n\n", b"data: {}\n\n", b"data: [DONE]\n\n"]), []
+
+    async def send(message):
+        sent.append(message)
+
+    async def receive():
+        await _leaves_after(3, sent)
+        return {"type": "http.disconnect"}
+
+    response = SSEResponse(chunks, {}, write_timeout_s=5)
+    await asyncio.wait_for(response({}, receive, send), 30)
+    assert chunks.closed.is_set() and not response.disconnected
+
+
+async def test_a_client_that_closes_before_done_left():
+    chunks, sent = _TailAfterDone([b"data: {}\n\n", b"data: {}\n\n"]), []
+
+    async def send(message):
+        sent.append(message)
+
+    async def receive():
+        await _leaves_after(2, sent)
+        return {"type": "http.disconnect"}
+
+    response = SSEResponse(chunks, {}, write_timeout_s=5)
+    await asyncio.wait_for(response({}, receive, send), 30)
+    assert chunks.closed.is_set() and response.disconnected
