@@ -101,9 +101,6 @@ class FailOpenLimiter:
     def local_rules(self, rules: tuple[ScopeRule, ...], day: str, month: str) -> tuple[ScopeRule, ...]:
         out = []
         for rule in rules:
-            if not rule.budget_flags:
-                out.append(rule)
-                continue
             day_t, day_c = self.known(rule.scope, _DAY, day)
             month_t, month_c = self.known(rule.scope, _MONTH, month)
             out.append(dataclasses.replace(

@@ -60,7 +60,8 @@ def test_rules_pick_by_id_over_default_and_skip_empty_scopes():
     rules = scope_rules(cfg, Scopes(api_key="batch", tenant="acme", tier="small", session="s1"))
     assert [r.scope for r in rules] == ["k:batch", "t:acme"]
     assert rules[0].tpm == 1000 and rules[0].rpm == -1
-    assert rules[1].cost_per_day == 1_500_000_000 and rules[1].budget_flags == 1
+    assert rules[1].cost_per_day == 1_500_000_000
+    assert all(r.budget_flags == 3 for r in rules)        # every scope counts its day and month use
     rules = scope_rules(cfg, Scopes(api_key="web", tier="big"))
     assert [(r.scope, r.rpm, r.max_concurrent) for r in rules] == [("k:web", 60, -1), ("m:big", -1, 4)]
 

@@ -28,7 +28,7 @@ async def test_both_stores_report_budget_counters_after_the_decision(make_budget
     config = LimitsConfig.model_validate(limits)
     first = await budgets.store.reserve(_plan(config, 30, 7))
     assert first.code == "ok"
-    assert first.counters == ((-1, -1, -1, -1), (30, 7, 30, 7))      # the key keeps no budget counters
+    assert first.counters == ((30, 7, 30, 7), (30, 7, 30, 7))        # the key counts too, without a budget
     second = await budgets.store.reserve(_plan(config, 50, 5))
     assert second.counters[1] == (80, 12, 80, 12)                    # after this reservation
     refused = await budgets.store.reserve(_plan(config, 50, 5))

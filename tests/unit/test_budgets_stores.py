@@ -344,3 +344,18 @@ async def test_the_redis_calendar_matches_python(redis_url):
     for d, line in zip(days, got, strict=True):
         day, _month, _, next_month = periods(d * 86_400 * 1_000_000)
         assert line.decode() == f"{day} {next_month // (86_400 * 1_000_000)}"
+
+
+async def test_a_budget_added_later_starts_from_what_its_period_already_used(make_budgets):
+    """Every limited scope counts its day and month use, whichever budgets it has: a month budget
+    added by a reload (a new Budgets on the same store) sees what the month used before it, and a
+    key with only an rpm limit still shows its tokens."""
+    before = make_budgets(api_keys={"by_id": {"ci": {"rpm": 1000}}}, **tenant_limits(tokens_per_day=10_000))
+    spent = await before.reserve(ACME, 200, 100)
+    await before.reconcile(spent.reservation, 200, 100)
+    assert (await before.usage("k:ci")).used_tokens_month == 300
+    after = make_budgets(api_keys={"by_id": {"ci": {"rpm": 1000}}},
+                         **tenant_limits(tokens_per_day=10_000, tokens_per_month=400))
+    refused = await after.reserve(ACME, 150, 0)
+    assert not refused.allowed and (refused.reason, refused.limit_kind) == ("insufficient_quota", "tokens_per_month")
+    assert (await after.reserve(ACME, 100, 0)).allowed
