@@ -203,7 +203,8 @@ class RequestLimits:
             return GatewayError(503, f"no tier could serve the request{tried}: {', '.join(coming_up)} still "
                                      f"starting; retry shortly", type_="server_error", code="no_tier_available",
                                 headers=retry_after_headers(COMING_UP_RETRY_S))
-        return GatewayError(503, f"no tier could serve the request{tried}", type_="server_error",
+        last = f"; the last failure: {self.failure}" if self.failure else ""
+        return GatewayError(503, f"no tier could serve the request{tried}{last}", type_="server_error",
                             code="no_tier_available")
 
     def deadline_error(self) -> GatewayError:

@@ -72,10 +72,12 @@ def stream_events(body: dict, chat: bool) -> list[bytes]:
     return [b"data: " + json.dumps(e).encode() + b"\n\n" for e in events] + [b"data: [DONE]\n\n"]
 
 
-def http_response(status: int, body: bytes, content_type: str = "application/json") -> bytes:
+def http_response(status: int, body: bytes, content_type: str = "application/json",
+                  headers: dict[str, str] | None = None) -> bytes:
     reason = {200: "OK", 400: "Bad Request", 404: "Not Found"}.get(status, "Error")
-    return (f"HTTP/1.1 {status} {reason}\r\ncontent-type: {content_type}\r\ncontent-length: {len(body)}\r\n\r\n"
-            .encode() + body)
+    extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
+    return (f"HTTP/1.1 {status} {reason}\r\ncontent-type: {content_type}\r\ncontent-length: {len(body)}\r\n"
+            f"{extra}\r\n".encode() + body)
 
 
 def chunked(events: list[bytes]) -> bytes:

@@ -42,7 +42,7 @@ from gateway.tiers.upstream_answers import (
     read_usage,
     strip_logprobs,
 )
-from gateway.tiers.upstream_errors import UpstreamFailure, pool_exhausted, tenant_share_exceeded
+from gateway.tiers.upstream_errors import UpstreamFailure, client_error_for, pool_exhausted, tenant_share_exceeded
 from gateway.tiers.upstream_replies import client_error, failure_code, read_capped
 from policies.tier_config import UpstreamTierConfig
 
@@ -154,7 +154,9 @@ class UpstreamTier(Tier):
             raise self._failure(exc) from None
 
     def _failure(self, exc: Exception) -> UpstreamFailure:
-        return UpstreamFailure(failure_code(exc), f"{self.config.base_url}: {type(exc).__name__}: {exc}")
+        code = failure_code(exc)
+        return UpstreamFailure(code, f"{self.config.base_url}: {type(exc).__name__}: {exc}",
+                               error=client_error_for(code))
 
     def _report(self, call: TierCall, failure: UpstreamFailure, mid_stream: bool = False) -> None:
         """The detail for operators: the span always gets the code, and the detail when its
@@ -179,7 +181,8 @@ class UpstreamTier(Tier):
             # 401/403/404 mean this tier is misconfigured (key, model name), 429/5xx that it is
             # overloaded or down: none of them is the client's fault.
             code = f"http_{status}" if 400 <= status < 600 else "http_status"
-            raise UpstreamFailure(code, f"{self.config.base_url} answered {status}: {raw[:200]!r}")
+            raise UpstreamFailure(code, f"{self.config.base_url} answered {status}: {raw[:200]!r}",
+                                  error=client_error_for(code, response.headers.get("retry-after")))
         raise client_error(status, raw if whole else b"")
 
     # ---- a whole answer -----------------------------------------------------------------

@@ -22,13 +22,33 @@ TENANT_SHARE = "tenant_connection_share_exceeded"
 
 
 class UpstreamFailure(TierFailure):
-    def __init__(self, code: str, detail: str = ""):
-        super().__init__(code)
+    def __init__(self, code: str, detail: str = "", *, error: GatewayError | None = None):
+        super().__init__(code, error=error)
         self.code = code          # low-cardinality: read_timeout, http_503, invalid_json, ...
         self.detail = detail      # for operators only: may quote the upstream's address or bytes
 
     def __str__(self) -> str:
         return f"the upstream tier failed ({self.code})"
+
+
+_TIMEOUTS = ("read_timeout", "write_timeout", "timeout")
+MAX_PASSED_RETRY_AFTER_S = 3600
+
+
+def client_error_for(code: str, retry_after: str | None = None) -> GatewayError | None:
+    """What a client gets when this failure was the last word of the chain (None: the gateway's
+    generic 503): a timeout is a 504, as gateways answer one; an upstream that said it is
+    overloaded (429, 503) is a 503 with its own Retry-After, when it sent a usable one."""
+    if code in _TIMEOUTS:
+        return GatewayError(504, f"the upstream tier did not answer in time ({code})", type_="server_error",
+                            code="upstream_timeout")
+    if code in ("http_429", "http_503"):
+        headers = {}
+        if retry_after is not None and retry_after.strip().isdigit():
+            headers["retry-after"] = str(min(int(retry_after.strip()), MAX_PASSED_RETRY_AFTER_S))
+        return GatewayError(503, f"the upstream tier is overloaded or unavailable ({code})", type_="server_error",
+                            code="upstream_unavailable", headers=headers or None)
+    return None
 
 
 class TierOverloaded(TierUnfit):

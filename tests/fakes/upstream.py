@@ -1,8 +1,8 @@
 """A steerable fake OpenAI upstream: the benchmark's instant server plus failures, delays and
 slow streams, set at run time through /__control.
 
-POST /__control {"fail_status": 503} makes every completion fail with that status until
-{"fail_status": null}; {"delay_s": 0.5} delays each answer (a slow time to first token);
+POST /__control {"fail_status": 503} makes every completion fail with that status (a 429 or 503
+with `retry-after: 7`) until {"fail_status": null}; {"delay_s": 0.5} delays each answer (a slow time to first token);
 {"stream_interval_s": 0.2} sends stream events that far apart; GET returns the counts of
 completions answered and failed.
 
@@ -109,7 +109,8 @@ class Behaviour:
             body = json.dumps({"error": {"message": f"failing on purpose ({self.fail_status})",
                                          "type": "server_error" if self.fail_status >= 500 else
                                          "invalid_request_error", "param": None, "code": None}}).encode()
-            return http_response(self.fail_status, body)
+            overloaded = self.fail_status in (429, 503)      # as servers say when to come back
+            return http_response(self.fail_status, body, headers={"retry-after": "7"} if overloaded else None)
         self.completions += 1
         if self._real is not None:
             return self._real_answer(path, raw)

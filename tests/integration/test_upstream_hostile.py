@@ -1,7 +1,9 @@
 """An upstream that answers badly, over real HTTP: malformed or oversized answers are the tier's
 failures (fallback to the next tier, counted by its breaker), CRLF event streams are read event
 by event, and nothing of the upstream's address or of what it sent reaches the client (the
-x-tiergate-fallbacks header, 503 bodies, SSE error events); operators find it in the logs."""
+x-tiergate-fallbacks header, 503 bodies, SSE error events); operators find it in the logs. With
+no tier left, a timeout is a 504, an overloaded upstream's 429 or 503 a 503 with its Retry-After,
+and any other failure a 503 naming its reason code."""
 
 from __future__ import annotations
 
@@ -28,9 +30,11 @@ server: {{reload_poll_s: 0}}
 tiers:
   hostile: {{kind: upstream, base_url: "{hostile.base_url}", model: instant, max_response_bytes: 1MiB}}
   up: {{kind: upstream, base_url: "{good.base_url}", model: instant}}
+  impatient: {{kind: upstream, base_url: "{hostile.base_url}", model: instant, read_timeout_s: 0.5}}
 models:
   h-first: {{chain: [hostile, up]}}
   h-only: {{chain: [hostile]}}
+  impatient: {{chain: [impatient]}}
 limits:
   breakers: {{default: {{min_calls: 1000}}}}
   retry: {{min_retries_per_window: 1000}}
@@ -50,7 +54,7 @@ def _control(upstream: InstantUpstream, **update) -> dict:
 def hostile(setup):
     gw, upstream = setup
     yield upstream
-    _control(upstream, mode=None, fail_status=None, huge_bytes=4 << 20)
+    _control(upstream, mode=None, fail_status=None, huge_bytes=4 << 20, delay_s=0)
 
 
 def _breaker(gw, name: str = "hostile"):
@@ -160,3 +164,28 @@ def test_a_stream_that_breaks_after_its_first_event_ends_with_a_safe_error_event
     assert error["type"] == "server_error" and code in error["message"]
     assert not _leaks(json.dumps(events) + " ".join(lines), hostile), lines
     assert _breaker(gw).failures == before.failures + 1
+
+
+def test_an_overloaded_upstream_with_nowhere_to_go_passes_on_its_retry_after(setup, hostile):
+    gw, _ = setup
+    for status in (503, 429):
+        _control(hostile, fail_status=status)
+        resp = _chat(gw, "h-only")
+        error = resp.json()["error"]
+        assert resp.status_code == 503 and error["code"] == "upstream_unavailable", resp.text
+        assert f"http_{status}" in error["message"] and resp.headers["retry-after"] == "7"
+
+
+def test_a_generic_failure_names_its_reason(setup, hostile):
+    gw, _ = setup
+    _control(hostile, fail_status=500)
+    error = _chat(gw, "h-only").json()["error"]
+    assert error["code"] == "no_tier_available" and "http_500" in error["message"], error
+
+
+def test_an_upstream_that_times_out_with_nowhere_to_go_is_a_504(setup, hostile):
+    gw, _ = setup
+    _control(hostile, delay_s=3)         # past the tier's 0.5 s read timeout
+    resp = _chat(gw, "impatient")
+    error = resp.json()["error"]
+    assert resp.status_code == 504 and error["code"] == "upstream_timeout" and "read_timeout" in error["message"]
