@@ -42,9 +42,11 @@ def test_only_the_first_choice_of_each_prompt_is_scored():
     """Its siblings share the scores and read the prompt from the prefix cache."""
     from types import SimpleNamespace
 
+    from engines.request_limits import RequestLimits
     from gateway.tiers.embedded_jobs import engine_jobs
 
     call = SimpleNamespace(body=_completion(prompt=["a", "b"], echo=True, logprobs=1, n=3), scoring=None)
-    engine = SimpleNamespace(max_model_len=64, check_request=lambda ids, params: None, tokenizer=None)
+    engine = SimpleNamespace(max_model_len=64, check_request=lambda ids, params: None, tokenizer=None,
+                             limits=RequestLimits(vocab_size=128, max_model_len=64, block_size=16, admissible_blocks=8))
     jobs = engine_jobs(call, [[1, 2], [3]], engine)
     assert [(i, p.prompt_logprobs) for i, _, p in jobs] == [(0, 1), (1, None), (2, None), (3, 1), (4, None), (5, None)]
