@@ -44,8 +44,8 @@ class RequestContext:
     key_name: str | None = None
     user: str | None = None
     prefix_scope: str | None = None       # the prefix-cache scope gateway/cache_salt.py derives (None: unscoped)
-    # Other tenants may send to the same caches (auth on, the tenant's prefix cache not `shared`):
-    # an upstream that cannot keep them apart must not tell this one what it found cached.
+    # Others may send to the same caches (auth on: other tenants; a cache_salt: other end users):
+    # an upstream that cannot keep them apart must not tell this request what it found cached.
     prefix_private: bool = False
     priority: int = 0
     model: str | None = None              # the alias the client named

@@ -149,7 +149,8 @@ class Pipeline:
         ctx.tenant_class, ctx.priority = tenant.tenant_class, tenant.priority
         ctx.prefix_scope = self.prefix_scopes.scope(rt.config.server.prefix_cache_secret(), ctx.tenant,
                                                     tenant.prefix_cache, body.cache_salt)
-        ctx.prefix_private = rt.config.auth.enabled and tenant.prefix_cache != "shared"
+        # Even a `shared` tenant would learn an isolated one's prompts from an unsalted upstream.
+        ctx.prefix_private = rt.config.auth.enabled or body.cache_salt is not None
         if hint is not None:
             hint = hint.strip().lower()
             if hint not in PROFILES:
@@ -299,6 +300,7 @@ async def _relay(ctx: RequestContext, attempt: Attempt, held: list[bytes], chunk
     try:
         for chunk in held:
             yield chunk
+            done = done or is_done_event(chunk)
         async for chunk in chunks:
             relayed += 1
             yield chunk

@@ -158,7 +158,7 @@ class UpstreamTierConfig(_TierBase):
         False, description="the upstream accepts vLLM's `cache_salt`: it gets one derived from the tenant's "
                            "prefix-cache scope (and the request's salt); otherwise no cache_salt is sent, and (its one "
                            "cache serving every tenant) the cached_tokens it reports reach a client as 0 unless "
-                           "auth is off or the tenant's prefix cache is `shared`")
+                           "auth is off and the request has no cache_salt")
     supports_continuous_usage: bool = Field(
         False, description="the upstream accepts vLLM's `stream_options.continuous_usage_stats` (usage in every "
                            "chunk): a stream that asks for it passes it on; otherwise it is not sent, and the "

@@ -191,7 +191,9 @@ class EmbeddedTier(Tier):
 
     @property
     def context_length(self) -> int | None:
-        return self.engine.front.max_model_len if self.engine else self.config.max_model_len
+        """Prompt plus output one request may reach: the context, or less where the KV cache holds
+        less (routing, budget bounds and prompt truncation all read this)."""
+        return self.engine.front.limits.max_request_tokens if self.engine else self.config.max_model_len
 
     def token_signals(self, stream: bool) -> frozenset[str]:
         return ALL_TOKEN_SIGNALS       # the engine's sampler gives logprobs and entropies either way

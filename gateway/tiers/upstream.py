@@ -37,6 +37,7 @@ from gateway.tiers.upstream_answers import (
     AnswerFacts,
     StreamReader,
     answer_logprobs,
+    ascii_json,
     hide_cached_tokens,
     read_answer,
     read_usage,
@@ -224,9 +225,9 @@ class UpstreamTier(Tier):
                 raise
             if not _client_wants_logprobs(call):
                 strip_logprobs(data)
-                raw = to_json(data)
+                raw = ascii_json(data)
         if usage.cached_tokens and self._hides_cached(call) and hide_cached_tokens(data):
-            raw = to_json(data)
+            raw = ascii_json(data)
         return TierAnswer(raw, usage)
 
     def _hides_cached(self, call: TierCall) -> bool:

@@ -102,6 +102,12 @@ def hide_cached_tokens(data: dict) -> bool:
     return True
 
 
+def ascii_json(data: dict) -> bytes:
+    """An answer parsed from an upstream, written back. ASCII escapes: whatever json.loads took
+    (a lone surrogate escape included) is written without an encoding error."""
+    return json.dumps(data, ensure_ascii=True, separators=(",", ":")).encode()
+
+
 def strip_logprobs(data: dict) -> None:
     for choice in data["choices"]:
         choice["logprobs"] = None
@@ -250,7 +256,7 @@ class StreamReader:
                 continue            # comments and retry hints are the upstream's, not the client's
             usage, usage_only, chunk = self._inspect(data)
             if self.hide_cached and usage is not None and usage.cached_tokens and hide_cached_tokens(chunk):
-                event = b"data: " + json.dumps(chunk, ensure_ascii=False, separators=(",", ":")).encode()
+                event = b"data: " + ascii_json(chunk)
             out.append((event + b"\n\n", usage, usage_only))
         return out
 

@@ -14,8 +14,11 @@ get what they need.
 
 from __future__ import annotations
 
+import re
+
 from gateway.errors import GatewayError
 from gateway.tiers.base import TierFailure, TierUnfit
+from policies.budgets.headers import retry_after_headers
 
 POOL_EXHAUSTED = "upstream_pool_exhausted"
 TENANT_SHARE = "tenant_connection_share_exceeded"
@@ -31,8 +34,11 @@ class UpstreamFailure(TierFailure):
         return f"the upstream tier failed ({self.code})"
 
 
-_TIMEOUTS = ("read_timeout", "write_timeout", "timeout")
+# Waiting on an upstream that was reached (a connect timeout is an unreachable one: 503), or its
+# own gateway timeout.
+_TIMEOUTS = ("read_timeout", "write_timeout", "timeout", "http_504")
 MAX_PASSED_RETRY_AFTER_S = 3600
+_SECONDS = re.compile(r"[0-9]{1,9}")      # Retry-After as delta-seconds; an HTTP date is not passed on
 
 
 def client_error_for(code: str, retry_after: str | None = None) -> GatewayError | None:
@@ -43,11 +49,12 @@ def client_error_for(code: str, retry_after: str | None = None) -> GatewayError 
         return GatewayError(504, f"the upstream tier did not answer in time ({code})", type_="server_error",
                             code="upstream_timeout")
     if code in ("http_429", "http_503"):
-        headers = {}
-        if retry_after is not None and retry_after.strip().isdigit():
-            headers["retry-after"] = str(min(int(retry_after.strip()), MAX_PASSED_RETRY_AFTER_S))
+        # The upstream's header is its bytes: only plain ASCII digits are read.
+        seconds = retry_after.strip() if retry_after is not None else ""
+        headers = retry_after_headers(min(int(seconds), MAX_PASSED_RETRY_AFTER_S)) \
+            if _SECONDS.fullmatch(seconds) else None
         return GatewayError(503, f"the upstream tier is overloaded or unavailable ({code})", type_="server_error",
-                            code="upstream_unavailable", headers=headers or None)
+                            code="upstream_unavailable", headers=headers)
     return None
 
 

@@ -2,10 +2,11 @@
 
 A fresh local limiter would give every replica, and every reload, a whole new budget for the
 outage. This one starts from the usage the replica last saw in the shared store instead: every
-shared decision reports, per scope with a day or month budget, that budget's tokens and nano-USD
+shared decision reports, per scope that keeps day and month counters, its tokens and nano-USD
 used + reserved (after the request it admitted), and the limiter keeps the latest of them per
 scope and period. Admitting locally, each budget limit is lowered by that known usage, and the
-local store counts what is admitted from then on.
+local store counts what is admitted from then on. (So during an outage what was reserved counts
+as used: a budget that was full only with requests in flight is refused as spent, not held.)
 
 Usage admitted locally is replayed to the shared store later; a decision seen after such a
 replay already includes it, while the local store still counts it. So each observation keeps

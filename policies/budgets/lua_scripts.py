@@ -221,13 +221,20 @@ for i = 1, n do
       rate_fail = fail(rate_fail, s.id, 'max_concurrent', s.conc == 0 and -1 or CONC_RETRY)
     end
   end
-  -- Every scope counts its day and month use, limited or not: a budget added later (a reload)
-  -- then starts from what was already used in its period.
-  s.flags = 3
-  s.dt, s.dc = check_budget(s.id, P .. ':bd:' .. s.id .. ':' .. day, s.tday, s.cday, next_day,
-                            'tokens_per_day', 'cost_per_day')
-  s.mt, s.mc = check_budget(s.id, P .. ':bm:' .. s.id .. ':' .. month, s.tmon, s.cmon, next_month,
-                            'tokens_per_month', 'cost_per_month')
+  -- A key, tenant or tier scope counts its day and month use, limited or not: a budget added
+  -- later (a reload) then starts from what was already used in its period. A session (ids the
+  -- client picks) keeps only the counters it has a budget for (ScopeRule.budget_flags).
+  local every = string.sub(s.id, 1, 2) ~= 's:'
+  if every or s.tday >= 0 or s.cday >= 0 then
+    s.flags = s.flags + 1
+    s.dt, s.dc = check_budget(s.id, P .. ':bd:' .. s.id .. ':' .. day, s.tday, s.cday, next_day,
+                              'tokens_per_day', 'cost_per_day')
+  end
+  if every or s.tmon >= 0 or s.cmon >= 0 then
+    s.flags = s.flags + 2
+    s.mt, s.mc = check_budget(s.id, P .. ':bm:' .. s.id .. ':' .. month, s.tmon, s.cmon, next_month,
+                              'tokens_per_month', 'cost_per_month')
+  end
 end
 
 local refused = quota_fail or rate_fail

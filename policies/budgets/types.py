@@ -68,11 +68,16 @@ class ScopeRule:
 
     @property
     def budget_flags(self) -> int:
-        """Bit 1: the scope keeps day counters; bit 2: month counters. Every scope with a rule
+        """Bit 1: the scope keeps day counters; bit 2: month counters. A key, tenant or tier scope
         keeps both, limited or not, so a day or month budget added later (a reload) starts from
-        what was already used in its period; the stores' records carry the flags, so a
+        what was already used in its period. A session (an id the client picks: there may be
+        many) keeps only those it has a budget for. The stores' records carry the flags, so a
         reservation made before a change is finished as it was made."""
-        return 3
+        if not self.scope.startswith(SCOPE_PREFIX["session"]):
+            return 3
+        day = self.tokens_per_day != NO_LIMIT or self.cost_per_day != NO_LIMIT
+        month = self.tokens_per_month != NO_LIMIT or self.cost_per_month != NO_LIMIT
+        return int(day) | (2 * int(month))
 
 
 @dataclass(frozen=True)
