@@ -25,9 +25,12 @@ CONTEXT = 256
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("prompt-controls-gw")
-    # The same model speculating with n-gram lookup, which drafts from a predicted output.
+    # The same model speculating with n-gram lookup, which drafts from a predicted output. Always
+    # k drafts: adaptive k weighs measured draft and step times, and on a busy machine may draft
+    # nothing, which these tests do not ask about.
     spec = (f"  speculating: {{model: '{tmp / 'bytes'}', dtype: float32, max_model_len: {CONTEXT}, kv_cache_memory: 4MiB,"
-            f" max_num_seqs: 8, max_num_batched_tokens: 256, speculative: {{method: ngram, num_tokens: 4}}}}\n")
+            f" max_num_seqs: 8, max_num_batched_tokens: 256,"
+            f" speculative: {{method: ngram, num_tokens: 4, adaptive: false}}}}\n")
     gw, tok, hf = start_byte_gateway(tmp, seed=5, max_model_len=CONTEXT, tiers=spec,
                                      models="  speculating: {chain: [speculating]}\n")
     yield gw, tok
