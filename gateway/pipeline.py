@@ -295,16 +295,16 @@ async def _relay(ctx: RequestContext, attempt: Attempt, held: list[bytes], chunk
     """The stream to the client: the chunks read before it started (the first, or all that a
     cascade held back), then the rest; ends the attempt when it closes."""
     relayed, outcome, error_type = len(held), Outcome.SUCCESS, None
-    done = False         # [DONE] went out: a close from here on is the end of a whole answer
+    last = b""           # the last chunk yielded: [DONE] there makes a close the end of a whole answer
     started = time.perf_counter()
     try:
         for chunk in held:
             yield chunk
-            done = done or is_done_event(chunk)
+            last = chunk
         async for chunk in chunks:
             relayed += 1
             yield chunk
-            done = done or is_done_event(chunk)
+            last = chunk
     except (TierFailure, GatewayError) as exc:
         # Bytes already went out: no fallback now; tell the client in the stream itself.
         failed = isinstance(exc, TierFailure)
@@ -315,7 +315,7 @@ async def _relay(ctx: RequestContext, attempt: Attempt, held: list[bytes], chunk
             error_type = type(exc).__name__
         yield sse_error_event(str(exc), "server_error" if failed else None)
     except (GeneratorExit, asyncio.CancelledError):
-        if not done:
+        if not is_done_event(last):
             error_type = CANCELLED   # the client left: not the tier's failure
         raise
     finally:

@@ -76,12 +76,12 @@ class SSEResponse:
 
     async def __call__(self, scope, receive, send) -> None:
         disconnected = False
-        done_sent = False
+        last = b""                    # the last chunk sent
         watch = _WriteWatch(self.write_timeout_s)
         loop = asyncio.get_running_loop()
 
         async def pump() -> None:
-            nonlocal done_sent
+            nonlocal last
             watch.since = loop.time()
             await send({"type": "http.response.start", "status": 200, "headers": self.headers})
             watch.since = None
@@ -89,7 +89,7 @@ class SSEResponse:
                 watch.since = loop.time()
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
                 watch.since = None
-                done_sent = done_sent or is_done_event(chunk)
+                last = chunk
             await send({"type": "http.response.body", "body": b"", "more_body": False})
 
         async def wait_disconnect() -> None:
@@ -120,5 +120,5 @@ class SSEResponse:
             await self.chunks.aclose()   # aborts the tier request if it is still running
             # A client that read [DONE] and closed before the tier's stream had quite ended (an
             # upstream's last bytes) got the whole answer.
-            self.disconnected = disconnected and not done_sent
+            self.disconnected = disconnected and not is_done_event(last)
             self.stalled = watch.stalled

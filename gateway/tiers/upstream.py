@@ -217,6 +217,7 @@ class UpstreamTier(Tier):
             facts.usage = usage
             facts.finish(call.span)
         gate = call.scoring
+        rewritten = False            # the answer as sent differs from the upstream's bytes
         if gate is not None:
             try:
                 gate.observe(answer_logprobs(data), (), True)
@@ -225,10 +226,10 @@ class UpstreamTier(Tier):
                 raise
             if not _client_wants_logprobs(call):
                 strip_logprobs(data)
-                raw = ascii_json(data)
-        if usage.cached_tokens and self._hides_cached(call) and hide_cached_tokens(data):
-            raw = ascii_json(data)
-        return TierAnswer(raw, usage)
+                rewritten = True
+        if self._hides_cached(call):
+            rewritten = hide_cached_tokens(data) or rewritten
+        return TierAnswer(ascii_json(data) if rewritten else raw, usage)
 
     def _hides_cached(self, call: TierCall) -> bool:
         """An upstream without `cache_salt` shares one prefix cache among all the gateway's

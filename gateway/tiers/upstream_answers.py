@@ -92,9 +92,9 @@ def answer_logprobs(data: dict) -> list[float]:
 
 
 def hide_cached_tokens(data: dict) -> bool:
-    """Zero the answer's `cached_tokens` (an upstream that cannot keep tenants' caches apart
-    would tell one tenant what another sent); True if there was a count to hide. Call after
-    read_usage accepted the usage."""
+    """Zero the answer's (or chunk's) `cached_tokens` (an upstream that cannot keep tenants'
+    caches apart would tell one tenant what another sent); True if there was a count to hide.
+    Call after read_usage accepted the usage."""
     details = (data.get("usage") or {}).get("prompt_tokens_details")
     if not details or not details.get("cached_tokens"):
         return False
@@ -103,8 +103,8 @@ def hide_cached_tokens(data: dict) -> bool:
 
 
 def ascii_json(data: dict) -> bytes:
-    """An answer parsed from an upstream, written back. ASCII escapes: whatever json.loads took
-    (a lone surrogate escape included) is written without an encoding error."""
+    """An answer parsed from an upstream, written back with ASCII escapes, so that anything
+    json.loads accepts, lone surrogate escapes too, can be written."""
     return json.dumps(data, ensure_ascii=True, separators=(",", ":")).encode()
 
 
@@ -255,7 +255,7 @@ class StreamReader:
             if data is None:
                 continue            # comments and retry hints are the upstream's, not the client's
             usage, usage_only, chunk = self._inspect(data)
-            if self.hide_cached and usage is not None and usage.cached_tokens and hide_cached_tokens(chunk):
+            if self.hide_cached and chunk is not None and hide_cached_tokens(chunk):
                 event = b"data: " + ascii_json(chunk)
             out.append((event + b"\n\n", usage, usage_only))
         return out

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from gateway.sse import SSEResponse
 
 
@@ -90,31 +92,20 @@ async def _leaves_after(count: int, sent: list) -> None:
         await asyncio.sleep(0.001)
 
 
-async def test_a_client_that_closes_after_done_read_the_whole_answer():
-    chunks, sent = _TailAfterDone([b"data: {}\n\n", b"data: {}\n\n", b"data: [DONE]\n\n"]), []
+@pytest.mark.parametrize("events, left", [
+    ([b"data: {}\n\n", b"data: {}\n\n", b"data: [DONE]\n\n"], False),    # read the whole answer
+    ([b"data: {}\n\n", b"data: {}\n\n"], True),                          # left before the end
+])
+async def test_a_client_that_closes_has_left_only_before_done(events, left):
+    chunks, sent = _TailAfterDone(events), []
 
     async def send(message):
         sent.append(message)
 
     async def receive():
-        await _leaves_after(3, sent)
+        await _leaves_after(len(events), sent)
         return {"type": "http.disconnect"}
 
     response = SSEResponse(chunks, {}, write_timeout_s=5)
     await asyncio.wait_for(response({}, receive, send), 30)
-    assert chunks.closed.is_set() and not response.disconnected
-
-
-async def test_a_client_that_closes_before_done_left():
-    chunks, sent = _TailAfterDone([b"data: {}\n\n", b"data: {}\n\n"]), []
-
-    async def send(message):
-        sent.append(message)
-
-    async def receive():
-        await _leaves_after(2, sent)
-        return {"type": "http.disconnect"}
-
-    response = SSEResponse(chunks, {}, write_timeout_s=5)
-    await asyncio.wait_for(response({}, receive, send), 30)
-    assert chunks.closed.is_set() and response.disconnected
+    assert chunks.closed.is_set() and response.disconnected == left
