@@ -50,6 +50,7 @@ class _Add:
     params: SamplingParams
     prefix_scope: str | None
     priority: int
+    rank: int
     sink: asyncio.Queue
     loop: asyncio.AbstractEventLoop
     grammar: GrammarState | None = None
@@ -109,7 +110,8 @@ class AsyncEngine:
         return self._dead
 
     async def generate(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
-                       prefix_scope: str | None = None, priority: int = 0) -> AsyncIterator[RequestOutput]:
+                       prefix_scope: str | None = None, priority: int = 0,
+                       rank: int = 0) -> AsyncIterator[RequestOutput]:
         """Submit a request and iterate its deltas. Leaving the loop early aborts it.
 
         Raises InvalidRequestError (before anything runs), StepFailedError (a step computing it
@@ -125,7 +127,7 @@ class AsyncEngine:
         with self._lock:
             if self._stopped is not None:
                 raise EngineDeadError(self._stopped)
-            self._commands.put(_Add(request_id, prompt_ids, params, prefix_scope, priority, sink,
+            self._commands.put(_Add(request_id, prompt_ids, params, prefix_scope, priority, rank, sink,
                                     asyncio.get_running_loop(), grammar))
         self._wakeup.set()
         finished = False
@@ -158,7 +160,7 @@ class AsyncEngine:
             if isinstance(cmd, _Add):
                 try:
                     self.engine.add_request(cmd.request_id, cmd.prompt_ids, cmd.params, cmd.prefix_scope, cmd.priority,
-                                            cmd.grammar)
+                                            cmd.grammar, cmd.rank)
                 except Exception as exc:  # a bad request fails alone; accepted work goes on
                     _put(cmd.loop, cmd.sink, exc)
                     continue

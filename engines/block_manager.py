@@ -105,8 +105,7 @@ class BlockManager:
         """
         hits = self._lookup_prefix(seq)
         new_needed = self.blocks_needed(seq.num_tokens) - len(hits)
-        hits_now_free = sum(1 for b in hits if self.blocks[b].ref_count == 0)
-        if len(self._free) - hits_now_free - new_needed < headroom_blocks:
+        if not self._fits(hits, new_needed, headroom_blocks):
             return False
         for block_id in hits:
             self._take_ref(block_id)
@@ -118,6 +117,16 @@ class BlockManager:
         self.prefix_queried_tokens += seq.num_tokens
         self.prefix_hit_tokens += seq.num_computed_tokens
         return True
+
+    def can_admit(self, seq: Sequence, headroom_blocks: int = 0) -> bool:
+        """Whether try_admit would succeed now (allocates nothing)."""
+        hits = self._lookup_prefix(seq)
+        return self._fits(hits, self.blocks_needed(seq.num_tokens) - len(hits), headroom_blocks)
+
+    def _fits(self, hits: list[int], new_needed: int, headroom_blocks: int) -> bool:
+        # A cached block nobody holds sits in the free list: reusing it takes it from there.
+        hits_now_free = sum(1 for b in hits if self.blocks[b].ref_count == 0)
+        return len(self._free) - hits_now_free - new_needed >= headroom_blocks
 
     def try_grow(self, seq: Sequence, num_tokens: int) -> bool:
         """Make `seq`'s block table cover `num_tokens` tokens; all or nothing."""

@@ -19,6 +19,7 @@ class AddRequest:
     params: SamplingParams
     prefix_scope: str | None
     priority: int
+    rank: int
     grammar_state: object | None = None     # set in the worker, once its reader has compiled the grammar
 
 

@@ -247,7 +247,8 @@ class ProcessEngine:
         return total
 
     async def generate(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
-                       prefix_scope: str | None = None, priority: int = 0) -> AsyncIterator[RequestOutput]:
+                       prefix_scope: str | None = None, priority: int = 0,
+                       rank: int = 0) -> AsyncIterator[RequestOutput]:
         """As AsyncEngine.generate: deltas of one request; leaving the loop early aborts it."""
         if self._stopped is not None:
             raise EngineDeadError(self._stopped)
@@ -263,7 +264,7 @@ class ProcessEngine:
             worker = self._choose(prefix_scope, prompt_ids)
             worker.in_flight += 1
             self._sinks[request_id] = (sink, asyncio.get_running_loop(), worker)
-        worker.send(AddRequest(request_id, list(prompt_ids), params, prefix_scope, priority))
+        worker.send(AddRequest(request_id, list(prompt_ids), params, prefix_scope, priority, rank))
         finished = False
         try:
             while not finished:

@@ -94,7 +94,7 @@ def worker_main(build: Callable[[], object], threads: int | None, commands, outp
             else:
                 try:
                     engine.add_request(message.request_id, message.prompt_ids, message.params, message.prefix_scope,
-                                       message.priority, message.grammar_state)
+                                       message.priority, message.grammar_state, message.rank)
                 except Exception as exc:  # noqa: BLE001 - a bad request fails alone
                     send(RequestFailed(message.request_id, exc))
         if aborted:

@@ -40,6 +40,7 @@ class EngineFaultCode(StrEnum):
 
     STEP_FAILED = "engine_step_failed"     # the step that computed the request raised
     ENGINE_DEAD = "engine_unavailable"     # the engine stopped: steps kept failing, or it shut down
+    GRAMMAR_BUSY = "constraint_compiler_busy"   # other requests' constraints held this one's compile up
 
 
 class EngineFault(RuntimeError):
@@ -60,3 +61,10 @@ class EngineDeadError(EngineFault):
     """The engine stopped; no request can be served by it until its owner builds a new one."""
 
     code = EngineFaultCode.ENGINE_DEAD
+
+
+class GrammarCompilerBusyError(EngineFault):
+    """The request's constraint was still queued behind other requests' compiles when its time
+    ran out. Nothing is wrong with the request or the engine: the client may retry."""
+
+    code = EngineFaultCode.GRAMMAR_BUSY

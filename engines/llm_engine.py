@@ -101,15 +101,17 @@ class LLMEngine:
 
     # ---- requests ------------------------------------------------------------------
     def add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
-                    prefix_scope: str | None = None, priority: int = 0, grammar: GrammarState | None = None) -> None:
+                    prefix_scope: str | None = None, priority: int = 0, grammar: GrammarState | None = None,
+                    rank: int = 0) -> None:
         """`grammar`: the request's compiled constraint state, when params.grammar is set and the
-        caller compiled it already (else it is compiled here, in the caller's thread)."""
+        caller compiled it already (else it is compiled here, in the caller's thread). `rank`: the
+        sequence's place among its client request's choices (0 for the first; see Sequence.rank)."""
         if request_id in self._requests:
             raise InvalidRequestError(f"request id {request_id!r} is already in flight")
         self.check_request(prompt_ids, params)
         if params.grammar is not None and grammar is None:
             grammar = self.grammars.new_state(params.grammar)
-        seq = Sequence(request_id, list(prompt_ids), params, prefix_scope=prefix_scope, priority=priority,
+        seq = Sequence(request_id, list(prompt_ids), params, prefix_scope=prefix_scope, priority=priority, rank=rank,
                        grammar=grammar, eos_token_ids=self.tokenizer.eos_token_ids)
         detok = IncrementalDetokenizer(self.tokenizer, params.stop, params.include_stop_str_in_output,
                                        params.skip_special_tokens)

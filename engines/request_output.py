@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engines.detokenizer import IncrementalDetokenizer
+from engines.grammar.errors import GrammarError
 from engines.sampler import TokenLogprob
 from engines.sequence import Sequence
 
@@ -30,6 +31,9 @@ class RequestOutput:
     prompt_hidden: list[float] | None = None
     # SamplingParams.prompt_logprobs: one entry per prompt token (the first's logprob None), on the first delta.
     prompt_logprobs: list[TokenLogprob] | None = None
+    # On the last delta of a constrained request whose grammar admitted no further token: the error
+    # the request fails with (its output so far does not satisfy the constraint).
+    constraint_error: GrammarError | None = None
 
 
 @dataclass
@@ -49,4 +53,10 @@ class TrackedRequest:
             cached_tokens=seq.num_cached_prompt_tokens, scheduled_at=seq.scheduled_time,
             num_preemptions=seq.num_preemptions, preempted_at=seq.preempted_time,
             spec_proposed=seq.spec_proposed, spec_accepted=seq.spec_accepted, prompt_hidden=prompt_hidden,
-            prompt_logprobs=prompt_lps)
+            prompt_logprobs=prompt_lps, constraint_error=self._constraint_error() if finished else None)
+
+    def _constraint_error(self) -> GrammarError | None:
+        seq = self.seq
+        if seq.grammar is None:
+            return None
+        return seq.grammar.failure(seq.params.grammar.param)

@@ -1,10 +1,17 @@
 """Iteration-level scheduling: which sequences compute how many tokens in the next step.
 
-One token budget covers prefill chunks and decode tokens alike. Running sequences are
-served first (oldest first); when a running sequence needs a block and none is free, the
-newest (lowest-priority) sequence is preempted and will be recomputed. Waiting sequences
-are admitted by (priority, arrival) only in steps without preemption, and only if their
-blocks fit with headroom to spare.
+One token budget covers prefill chunks and decode tokens alike. Sequences are ordered by
+(priority, rank, arrival): rank is a sequence's place among its request's choices, so between
+equal priorities every request's first choice comes before anyone's second. Running sequences
+are served first (in admission order); when a running sequence needs a block and none is free,
+the last in that order is preempted and will be recomputed. Waiting sequences are admitted in
+that order, only if their blocks fit with headroom to spare, and not in a step where running
+sequences ran out of blocks.
+
+A waiting sequence that comes before a running one in that order takes its place when the
+seats (max_num_seqs) or blocks are full: the running sequence last in the order is preempted
+first, as vLLM's priority scheduling does. Without it a request with many choices, or a
+lower-priority tenant's long answers, would hold the tier until they finish.
 
 The waiting queue is a heap with lazy deletion: removing a waiting sequence (an abort) only
 forgets its entry, O(1); the heap drops forgotten entries when they reach its top, and is
@@ -79,7 +86,7 @@ class Scheduler:
         self.max_num_batched_tokens = max_num_batched_tokens
         self.headroom_blocks = headroom_blocks
         self.running: list[Sequence] = []
-        # Heap of [priority, arrival, counter, seq]; an entry whose seq is None was removed.
+        # Heap of [priority, rank, arrival, counter, seq]; an entry whose seq is None was removed.
         self._waiting: list[list] = []
         self._entries: dict[int, list] = {}     # id(seq) -> its live heap entry
         self._counter = itertools.count()
@@ -98,7 +105,7 @@ class Scheduler:
     def add(self, seq: Sequence) -> None:
         seq.status = SeqStatus.WAITING
         # The counter is unique, so entries never compare their sequences.
-        entry = [seq.priority, seq.arrival, next(self._counter), seq]
+        entry = [*seq.sort_key(), next(self._counter), seq]
         self._entries[id(seq)] = entry      # the entry holds seq: its id is not reused meanwhile
         heapq.heappush(self._waiting, entry)
 
@@ -118,6 +125,8 @@ class Scheduler:
     # ---- the step plan -------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
+        self._yield_to_waiting(out)
+        yielded = len(out.preempted)
         budget = self.max_num_batched_tokens
         queue = deque(self.running)
         num_running = len(self.running)
@@ -145,9 +154,24 @@ class Scheduler:
                 budget -= n + k
                 kept.append(seq)
         self.running = kept
-        if not out.preempted:
+        if len(out.preempted) == yielded:       # no running sequence ran out of blocks
             budget = self._admit(out, budget)
         return out
+
+    def _yield_to_waiting(self, out: SchedulerOutput) -> None:
+        """Preempt running sequences that the head of the queue comes before, one at a time,
+        until it has a seat and its blocks. Done before the step's plan, so a preempted sequence
+        is never in it."""
+        head = self._head()
+        while head is not None and self.running:
+            if len(self.running) < self.max_num_seqs and self.bm.can_admit(head, self.headroom_blocks):
+                return
+            victim = max(self.running, key=Sequence.sort_key)
+            if victim.sort_key() <= head.sort_key():
+                return
+            self.running.remove(victim)
+            self._preempt(victim)
+            out.preempted.append(victim)
 
     def _forget_waiting(self, seq: Sequence) -> None:
         entry = self._entries.pop(id(seq), None)

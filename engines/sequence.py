@@ -29,6 +29,10 @@ class Sequence:
     params: SamplingParams
     prefix_scope: str | None = None     # tenant salt for prefix sharing; None = shared
     priority: int = 0                    # lower runs first
+    # Its place among its client request's choices (prompts x n): 0 for the first. Between
+    # equal priorities the scheduler serves every request's first choice before anyone's second,
+    # so one request asking for many choices cannot hold every slot while others wait.
+    rank: int = 0
     arrival: float = field(default_factory=time.monotonic)
     output_ids: list[int] = field(default_factory=list)
     status: SeqStatus = SeqStatus.WAITING
@@ -115,5 +119,6 @@ class Sequence:
     def is_finished(self) -> bool:
         return self.status is SeqStatus.FINISHED
 
-    def sort_key(self) -> tuple[int, float]:
-        return (self.priority, self.arrival)
+    def sort_key(self) -> tuple[int, int, float]:
+        """Lower is served first: admitted first, preempted last."""
+        return (self.priority, self.rank, self.arrival)

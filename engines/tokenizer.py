@@ -9,6 +9,11 @@ from tokenizers import Tokenizer
 
 from engines.errors import ModelLoadError
 
+# tokenizers holds the GIL through `encode` and `decode` but releases it in their batch forms.
+# Long inputs go through the batch forms so that a thread tokenizing a megabyte prompt leaves
+# the event loop (and every other request on it) running; short ones keep the cheaper call.
+_RELEASE_GIL_FROM = 2048
+
 
 class TextTokenizer:
     def __init__(self, backend: Tokenizer, tokenizer_config: dict[str, Any], eos_token_id=None):
@@ -48,12 +53,17 @@ class TextTokenizer:
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of `text`; special-token strings in it (e.g. ChatML tags) map to their ids."""
-        ids = self.backend.encode(text, add_special_tokens=False).ids
+        if len(text) >= _RELEASE_GIL_FROM:
+            ids = self.backend.encode_batch([text], add_special_tokens=False)[0].ids
+        else:
+            ids = self.backend.encode(text, add_special_tokens=False).ids
         if add_special_tokens and self.add_bos and (not ids or ids[0] != self.bos_token_id):
             ids = [self.bos_token_id, *ids]
         return ids
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        if len(ids) >= _RELEASE_GIL_FROM:
+            return self.backend.decode_batch([ids], skip_special_tokens=skip_special_tokens)[0]
         return self.backend.decode(ids, skip_special_tokens=skip_special_tokens)
 
 

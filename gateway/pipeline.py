@@ -313,7 +313,10 @@ async def _relay(ctx: RequestContext, attempt: Attempt, held: list[bytes], chunk
             outcome, error_type = Outcome.FAILURE, SkipReason.TIER_FAILURE.value
         else:
             error_type = type(exc).__name__
-        yield sse_error_event(str(exc), "server_error" if failed else None)
+        if failed:
+            yield sse_error_event(str(exc), "server_error")
+        else:
+            yield sse_error_event(exc.message, exc.type, exc.param, exc.code)
     except (GeneratorExit, asyncio.CancelledError):
         if not is_done_event(last):
             error_type = CANCELLED   # the client left: not the tier's failure

@@ -26,8 +26,9 @@ def is_done_event(chunk: bytes) -> bool:
     return chunk.endswith(b"[DONE]\n\n")
 
 
-def sse_error_event(message: str, type_: str | None = None) -> bytes:
-    body = {"error": {"message": message, "type": type_ or "invalid_request_error", "param": None, "code": None}}
+def sse_error_event(message: str, type_: str | None = None, param: str | None = None,
+                    code: str | None = None) -> bytes:
+    body = {"error": {"message": message, "type": type_ or "invalid_request_error", "param": param, "code": code}}
     return b"data: " + json.dumps(body).encode() + b"\n\n"
 
 

@@ -7,20 +7,31 @@ engine awaits it (with a timeout) before the request enters the engine. Compiled
 kept in a bounded LRU keyed by the spec's digest (errors too, so a bad schema sent again fails at
 once); every request gets its own matcher, a deep copy of the cached one, made in the worker too.
 
+One worker serves every caller, so one caller's huge grammars must not hold up another's small
+one: the worker takes cached specs first, then the shortest spec text (a stand-in for compile
+cost: big grammars are long), first come first served between equals. A compile's own run is
+what the timeout judges (past it: the client's 400, too costly a constraint); a request whose
+compile has not started by then was held up by others, gets a retryable 503, and its compile is
+dropped from the queue.
+
 llguidance's parser limits bound the work a grammar may cause at compile time and per token, so
-a compile that passes the timeout still ends; the client has had its 400 by then.
+a compile that passes the timeout still ends; the client has had its 400 by then. llguidance
+releases the GIL while it compiles.
 """
 
 from __future__ import annotations
 
 import asyncio
+import heapq
+import itertools
 import threading
 import time
 from collections import OrderedDict, deque
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 
 import llguidance
 
+from engines.errors import GrammarCompilerBusyError
 from engines.grammar.errors import GrammarError
 from engines.grammar.llg_tokenizer import build_llg_tokenizer, token_reference
 from engines.grammar.spec import JSON_OPTIONS, GrammarSpec
@@ -61,6 +72,14 @@ class CompiledGrammar:
         return GrammarState(self.template.deep_copy(), self.eos_ids, self.spec.digest)
 
 
+class _CompileJob(Future):
+    """A future for one request's grammar state; `started` is set when the worker takes it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.started: float | None = None
+
+
 class GrammarCompiler:
     def __init__(self, tokenizer: TextTokenizer, vocab_size: int, max_cached: int = MAX_CACHED,
                  timeout_s: float = COMPILE_TIMEOUT_S):
@@ -71,7 +90,12 @@ class GrammarCompiler:
         self._llg: llguidance.LLTokenizer | None = None
         self._lock = threading.Lock()
         self._cache: OrderedDict[str, CompiledGrammar | GrammarError] = OrderedDict()
-        self._pool: ThreadPoolExecutor | None = None
+        # The worker's queue: [cost, arrival counter, spec, job], cheapest first.
+        self._queue: list[list] = []
+        self._queued = threading.Condition(self._lock)
+        self._order = itertools.count()
+        self._worker: threading.Thread | None = None
+        self._closed = False
         self.compile_seconds: deque[float] = deque(maxlen=4096)   # fresh compiles, newest last
         self.hits = 0
         self.misses = 0
@@ -111,27 +135,66 @@ class GrammarCompiler:
     def new_state(self, spec: GrammarSpec) -> GrammarState:
         return self.compile(spec).new_state()
 
-    def submit(self, spec: GrammarSpec) -> Future[GrammarState]:
-        """A fresh state for one request, compiled (or copied) in the compiler's worker thread."""
+    def submit(self, spec: GrammarSpec) -> _CompileJob:
+        """A fresh state for one request, compiled (or copied) in the compiler's worker thread,
+        cached specs first, then the shortest."""
+        job = _CompileJob()
         with self._lock:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tiergate-grammar")
-            pool = self._pool
-        return pool.submit(self.new_state, spec)
+            if self._closed:
+                job.cancel()
+                return job
+            cost = 0 if spec.digest in self._cache else 1 + len(spec.text)
+            heapq.heappush(self._queue, [cost, next(self._order), spec, job])
+            if self._worker is None:
+                self._worker = threading.Thread(target=self._work, name="tiergate-grammar", daemon=True)
+                self._worker.start()
+            self._queued.notify()
+        return job
 
     async def state_for(self, spec: GrammarSpec) -> GrammarState:
-        """`submit`, awaited with the compile timeout: past it the request is refused (a 400
-        naming its field); the worker finishes the compile under llguidance's limits."""
-        future = asyncio.wrap_future(self.submit(spec))
+        """`submit`, awaited. A compile that runs longer than the timeout is refused (a 400 naming
+        its field; the worker finishes it under llguidance's limits); one still queued when the
+        timeout has passed is dropped, and the request gets GrammarCompilerBusyError."""
+        job = self.submit(spec)
+        if job.cancelled():
+            raise GrammarCompilerBusyError("the engine is shutting down")
+        waiting = asyncio.wrap_future(job)
         try:
-            return await asyncio.wait_for(asyncio.shield(future), self.timeout_s)
+            return await asyncio.wait_for(asyncio.shield(waiting), self.timeout_s)
+        except TimeoutError:
+            pass
+        if job.cancel():                      # never started: others' compiles held it up
+            raise GrammarCompilerBusyError("the constraint compiler is busy with other requests; retry shortly")
+        ran = time.monotonic() - job.started if job.started is not None else 0.0
+        try:
+            return await asyncio.wait_for(asyncio.shield(waiting), max(0.0, self.timeout_s - ran))
         except TimeoutError:
             raise GrammarError(f"{spec.param}: the constraint took longer than {self.timeout_s:g} s to compile",
                                spec.param) from None
 
     def shutdown(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
+        with self._lock:
+            self._closed = True
+            pending, self._queue = self._queue, []
+            self._queued.notify_all()
+        for *_, job in pending:
+            job.cancel()
+
+    def _work(self) -> None:
+        while True:
+            with self._lock:
+                while not self._queue and not self._closed:
+                    self._queued.wait()
+                if self._closed:
+                    return
+                *_, spec, job = heapq.heappop(self._queue)
+            if not job.set_running_or_notify_cancel():
+                continue                      # its request stopped waiting
+            job.started = time.monotonic()
+            try:
+                job.set_result(self.new_state(spec))
+            except BaseException as exc:  # noqa: BLE001 - handed to the request that waits
+                job.set_exception(exc)
 
     def _build(self, spec: GrammarSpec) -> CompiledGrammar | GrammarError:
         started = time.perf_counter()
@@ -141,6 +204,12 @@ class GrammarCompiler:
         except ValueError as exc:
             return GrammarError(f"{spec.param}: {_short(str(exc))}", spec.param)
         matcher = llguidance.LLMatcher(llg, grammar, log_level=0, limits=llguidance.LLParserLimits(**LIMITS))
+        if not matcher.is_error():
+            # The first token's mask, on a copy: a grammar that admits no string at all (a schema
+            # that is only a reference to itself) fails there, before any request runs it.
+            probe = matcher.deep_copy()
+            probe.compute_bitmask()
+            matcher = matcher if not probe.is_error() else probe
         if matcher.is_error():
             what = "schema" if spec.kind == "json_schema" else "constraint"
             return GrammarError(f"{spec.param}: the {what} cannot be enforced ({_short(matcher.get_error())})",

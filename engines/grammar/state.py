@@ -10,6 +10,10 @@ from __future__ import annotations
 
 import llguidance
 
+from engines.grammar.errors import GrammarError
+
+MAX_DETAIL_CHARS = 200
+
 
 class GrammarState:
     __slots__ = ("digest", "eos_ids", "matcher")
@@ -36,3 +40,12 @@ class GrammarState:
     @property
     def is_accepting(self) -> bool:
         return self.matcher.is_accepting()
+
+    def failure(self, param: str) -> GrammarError | None:
+        """Why the output could not go on under the constraint, once the matcher is in error: a
+        schema no finite answer satisfies (a property that requires itself) or one past the parser's
+        limits. The answer so far is not a complete one, so the request fails with this."""
+        if not self.matcher.is_error():
+            return None
+        detail = " ".join(self.matcher.get_error().replace("<non-verbose/>", "").split())[:MAX_DETAIL_CHARS]
+        return GrammarError(f"{param}: the answer could not be completed under the constraint ({detail})", param)

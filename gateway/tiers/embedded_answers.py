@@ -76,7 +76,7 @@ async def complete_answer(call: TierCall, ec: EngineCall) -> TierAnswer:
         # Closed on the way out, also when the cascade's gate ends the call: the engine
         # request is aborted then, not when the generator is collected.
         async with contextlib.aclosing(engine.generate(f"{rid}-{slot.index}", ids, params, ec.scope,
-                                                       ec.priority)) as outputs:
+                                                       ec.priority, slot.index)) as outputs:
             async for out in outputs:
                 events.observe(out)
                 if waiting_first:
@@ -90,6 +90,8 @@ async def complete_answer(call: TierCall, ec: EngineCall) -> TierAnswer:
                 slot.cached_tokens = out.cached_tokens
                 if out.finished:
                     slot.finish_reason = out.finish_reason
+                    if out.constraint_error is not None:    # what was generated is not a whole answer
+                        raise out.constraint_error
                 if gate is not None:
                     judge(gate, out)
 
@@ -159,6 +161,8 @@ async def stream_answer(call: TierCall, ec: EngineCall) -> AsyncIterator[bytes]:
             slot.cached_tokens = out.cached_tokens
             if out.finished:
                 slot.finish_reason = out.finish_reason
+                if out.constraint_error is not None:
+                    raise out.constraint_error
             if keep_text:
                 slot.text += out.text
             if gate is not None:

@@ -10,7 +10,7 @@ import uuid
 from collections.abc import AsyncIterator
 
 from engines.async_engine import AsyncEngine
-from engines.errors import EngineDeadError, StepFailedError
+from engines.errors import EngineDeadError, GrammarCompilerBusyError, StepFailedError
 from engines.sampling_params import InvalidRequestError
 from gateway.context import Usage
 from gateway.errors import GatewayError
@@ -22,7 +22,7 @@ async def merged_outputs(engine: AsyncEngine, jobs, scope, priority) -> AsyncIte
     """(choice index, engine output) of all jobs as they come. Closing it aborts every job."""
     if len(jobs) == 1:
         rid, ids, params, index = jobs[0]
-        gen = engine.generate(rid, ids, params, scope, priority)
+        gen = engine.generate(rid, ids, params, scope, priority, index)
         try:
             async for out in gen:
                 yield index, out
@@ -33,7 +33,7 @@ async def merged_outputs(engine: AsyncEngine, jobs, scope, priority) -> AsyncIte
 
     async def pump(rid, ids, params, index):
         try:
-            async for out in engine.generate(rid, ids, params, scope, priority):
+            async for out in engine.generate(rid, ids, params, scope, priority, index):
                 queue.put_nowait((index, out))
         except Exception as exc:  # noqa: BLE001 - handed to the consumer
             queue.put_nowait((index, exc))
@@ -85,6 +85,9 @@ def finish_span(call: TierCall, results: list[ChoiceResult], usage: Usage) -> No
 
 def tier_error(exc: BaseException) -> BaseException:
     # The engine's messages are written for clients (no exception text): the cause is in its log.
+    if isinstance(exc, GrammarCompilerBusyError):
+        # Other requests' load, not this tier's failure: no fallback, no breaker count.
+        return GatewayError(503, str(exc), type_="server_error", code=exc.code.value, headers={"Retry-After": "1"})
     if isinstance(exc, StepFailedError):
         return TierFailure(str(exc), error=GatewayError(500, str(exc), type_="server_error", code=exc.code.value))
     if isinstance(exc, EngineDeadError):

@@ -208,3 +208,42 @@ def test_special_tokens_show_only_when_not_skipped(setup, client):
     assert (choice.message.content, usage.completion_tokens) == ("", 3)
     choice, _ = _greedy(client, 3, logit_bias={str(bos): 100}, skip_special_tokens=False)
     assert choice.message.content == "<s><s><s>"
+
+
+SELF_ONLY = {"$ref": "#"}
+SELF_REQUIRED = {"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]}
+
+
+def test_a_schema_that_admits_no_string_is_a_400_before_it_runs(client):
+    with pytest.raises(openai.BadRequestError) as caught:
+        _chat(client, guided_json=SELF_ONLY)
+    assert caught.value.body["param"] == "guided_json"
+    assert "cannot be enforced" in caught.value.body["message"]
+
+
+def test_a_schema_no_finite_answer_satisfies_fails_instead_of_ending_as_a_stop(setup, client):
+    """A property that requires an object like the one it is in: every answer is cut off. The
+    request fails with a 400 naming the field, streamed or not (here the parser gives up at the
+    first token, before a byte is sent), instead of a cut-off answer that says "stop"."""
+    with pytest.raises(openai.BadRequestError) as caught:
+        _chat(client, guided_json=SELF_REQUIRED)
+    assert caught.value.body["param"] == "guided_json"
+    assert "could not be completed under the constraint" in caught.value.body["message"]
+    body = {"model": "bytes", "messages": MSG, "max_tokens": 40, "stream": True, "guided_json": SELF_REQUIRED}
+    response = httpx.post(f"{setup[0].base}/v1/chat/completions", json=body, timeout=60)
+    assert response.status_code == 400 and response.json()["error"]["param"] == "guided_json"
+
+
+def test_a_dead_end_after_chunks_went_out_ends_the_stream_with_the_error(setup):
+    """A property whose value may only be itself: the object's opening is streamed, then no token
+    can continue it; the stream ends with the error event (naming the field), no "stop" chunk."""
+    body = {"model": "bytes", "messages": MSG, "max_tokens": 40, "stream": True, "seed": 1,
+            "guided_json": {"type": "object", "properties": {"a": {"$ref": "#/properties/a"}}}}
+    response = httpx.post(f"{setup[0].base}/v1/chat/completions", json=body, timeout=60)
+    assert response.status_code == 200
+    events = [json.loads(line[6:]) for line in response.text.splitlines()
+              if line.startswith("data: ") and line != "data: [DONE]"]
+    chunks, last = events[:-1], events[-1]
+    assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks).startswith("{")
+    assert all(c["choices"][0]["finish_reason"] is None for c in chunks)
+    assert last["error"]["param"] == "guided_json" and "could not be completed" in last["error"]["message"]

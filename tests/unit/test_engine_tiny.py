@@ -77,6 +77,35 @@ def test_preemption_under_a_small_pool_keeps_outputs_identical(tiny, reference):
     _assert_no_leak(engine)
 
 
+def test_a_request_holding_every_seat_gives_one_to_a_newcomer_and_keeps_its_outputs(tiny):
+    """Four choices of one request fill the engine's four seats with long answers; a second
+    request's first choice takes the last choice's seat and finishes first, and every output
+    is what it would have been alone (the preempted choice is recomputed)."""
+    prompts = _prompts()
+    long = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
+    short = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+    engine = _engine(tiny, max_num_seqs=4)
+    for rank in range(4):
+        engine.add_request(f"big-{rank}", prompts[rank + 1], long, rank=rank)
+    finished: list[str] = []
+    tokens: dict[str, list[int]] = {}
+    steps = 0
+    while engine.has_unfinished():
+        steps += 1
+        if steps == 4:
+            engine.add_request("other", prompts[0], short)
+        for out in engine.step():
+            tokens.setdefault(out.request_id, []).extend(out.token_ids)
+            if out.finished:
+                finished.append(out.request_id)
+    assert finished[0] == "other"
+    assert engine.stats.preemptions >= 1
+    alone = _engine(tiny)
+    assert tokens["other"] == alone.generate([prompts[0]], short)[0]
+    assert [tokens[f"big-{r}"] for r in range(4)] == alone.generate(prompts[1:5], long)
+    _assert_no_leak(engine)
+
+
 def test_aborts_free_blocks_at_once(tiny):
     engine = _engine(tiny)
     for i, p in enumerate(_prompts()[:6]):

@@ -1,0 +1,105 @@
+"""Which sequence gives way: a waiting sequence that comes first in (priority, rank, arrival)
+takes a full tier's seat or blocks from the running sequence that comes last, so one request's
+many choices or a lower-priority tenant cannot hold the tier until they finish (real block
+manager, no model)."""
+
+from __future__ import annotations
+
+from engines.block_manager import BlockManager
+from engines.sampling_params import SamplingParams
+from engines.scheduler import Scheduler
+from engines.sequence import Sequence, SeqStatus
+
+BS = 4
+
+
+def _seq(rid, n_prompt, priority=0, rank=0, arrival=0.0):
+    base = 100 * sum(map(ord, rid))               # distinct prompts per id, no shared prefix
+    return Sequence(rid, list(range(base, base + n_prompt)), SamplingParams(max_tokens=50),
+                    priority=priority, rank=rank, arrival=arrival)
+
+
+def _run_step(sched: Scheduler):
+    out = sched.schedule()
+    for s in out.scheduled:
+        s.seq.num_computed_tokens += s.num_tokens
+        if s.samples:
+            s.seq.output_ids.append(7)
+    return out
+
+
+def _ids(seqs):
+    return sorted(s.request_id for s in seqs)
+
+
+def test_a_first_choice_takes_the_seat_of_another_requests_last_choice():
+    sched = Scheduler(BlockManager(64, BS), max_num_seqs=4, max_num_batched_tokens=100)
+    for rank in range(4):                          # one request, four choices: every seat
+        sched.add(_seq(f"big-{rank}", 3, rank=rank, arrival=0))
+    _run_step(sched)
+    _run_step(sched)
+    sched.add(_seq("other", 3, arrival=1))
+    out = _run_step(sched)
+    assert _ids(out.preempted) == ["big-3"]
+    assert "other" in _ids(s.seq for s in out.scheduled)       # admitted in the same step
+    assert _ids(sched.running) == ["big-0", "big-1", "big-2", "other"]
+    for _ in range(3):                             # and it stays that way: no back and forth
+        out = _run_step(sched)
+        assert not out.preempted
+        assert _ids(sched.running) == ["big-0", "big-1", "big-2", "other"]
+    assert [s.request_id for s in sched.waiting] == ["big-3"]
+    sched.bm.check_invariants(sched.running)
+
+
+def test_equal_first_choices_wait_their_turn():
+    sched = Scheduler(BlockManager(64, BS), max_num_seqs=2, max_num_batched_tokens=100)
+    sched.add(_seq("a", 3, arrival=0))
+    sched.add(_seq("b", 3, arrival=1))
+    _run_step(sched)
+    sched.add(_seq("c", 3, arrival=2))             # later, same priority and rank: no preemption
+    out = _run_step(sched)
+    assert not out.preempted
+    assert _ids(sched.running) == ["a", "b"]
+    assert sched.waiting[0].status is SeqStatus.WAITING
+
+
+def test_a_higher_priority_takes_the_seat_of_the_lowest():
+    sched = Scheduler(BlockManager(64, BS), max_num_seqs=2, max_num_batched_tokens=100)
+    sched.add(_seq("low-old", 3, priority=1, arrival=0))
+    sched.add(_seq("low-new", 3, priority=1, arrival=1))
+    _run_step(sched)
+    sched.add(_seq("urgent", 3, priority=0, arrival=2))
+    out = _run_step(sched)
+    assert _ids(out.preempted) == ["low-new"]
+    assert _ids(sched.running) == ["low-old", "urgent"]
+
+
+def test_full_blocks_are_freed_from_the_last_in_order_until_the_newcomer_fits():
+    bm = BlockManager(8, BS, enable_prefix_caching=False)
+    sched = Scheduler(bm, max_num_seqs=8, max_num_batched_tokens=100, headroom_blocks=0)
+    for rank in range(4):                          # 7 tokens and the first output: 2 blocks each
+        sched.add(_seq(f"big-{rank}", 7, rank=rank, arrival=0))
+    _run_step(sched)
+    assert bm.num_free_blocks == 0
+    sched.add(_seq("other", 7, arrival=1))         # needs 2 blocks; the others need no more this step
+    out = _run_step(sched)
+    assert _ids(out.preempted) == ["big-3"]
+    assert "other" in _ids(s.seq for s in out.scheduled)
+    bm.check_invariants(sched.running)
+
+
+def test_a_sequence_out_of_blocks_preempts_the_highest_rank_not_the_newest():
+    bm = BlockManager(6, BS, enable_prefix_caching=False)
+    sched = Scheduler(bm, max_num_seqs=8, max_num_batched_tokens=100, headroom_blocks=0)
+    sched.add(_seq("big-0", 4, rank=0, arrival=0))
+    sched.add(_seq("big-5", 4, rank=5, arrival=0))
+    _run_step(sched)
+    sched.add(_seq("other", 4, arrival=1))
+    _run_step(sched)                               # all three prefilled: 3 blocks, one token out each
+    for _ in range(4):
+        out = _run_step(sched)                     # each needs a second block: one of them must go
+        if out.preempted:
+            break
+    assert _ids(out.preempted) == ["big-5"]
+    assert _ids(sched.running) == ["big-0", "other"]
+    bm.check_invariants(sched.running)
