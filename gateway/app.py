@@ -106,12 +106,17 @@ def build_app(holder: RuntimeHolder, reloader: ConfigReloader | None = None,
         generation = holder.generation
         if generation not in documents:
             documents.clear()
-            documents[generation] = openapi_document(list(holder.current.config.models))
+            config = holder.current.config
+            # With keys, each tenant sees only its own models: the document, open to all, names none.
+            documents[generation] = openapi_document([] if config.auth.enabled else list(config.models))
             documents[generation]["paths"]["/metrics"] = METRICS_OPENAPI
         return JSONResponse(documents[generation])
 
     async def http_error(_: Request, exc: HTTPException) -> Response:
-        return error_response(exc.status_code, exc.detail or "error", code="not_found" if exc.status_code == 404 else None)
+        response = error_response(exc.status_code, exc.detail or "error",
+                                  code="not_found" if exc.status_code == 404 else None)
+        response.headers.update(exc.headers or {})        # a 405's Allow
+        return response
 
     async def server_error(_: Request, exc: Exception) -> Response:
         log.error("unhandled error", exc_info=exc)

@@ -3,7 +3,9 @@
 The new config is validated and its new tiers started before one reference assignment
 swaps it in; requests in flight finish on the snapshot they began with. A bad file, or a
 change that needs a restart (an embedded tier added, removed or changed: its engine owns
-memory and threads), is logged and the old config stays.
+memory and threads; the address the server listens on; the interpreter's switch interval, set
+once at start), is logged and the old config stays. Relative file names in the config are
+looked up next to it, as at start.
 
 A file being written can be valid YAML half-way (the first tiers, no auth section yet), so
 polling loads a changed file only once it has stayed the same (size, mtime and content hash)
@@ -27,7 +29,7 @@ from pathlib import Path
 
 from gateway.runtime import RuntimeHolder, build_runtime, same_tier_config
 from gateway.tiers.embedded import EmbeddedTier
-from policies.config import ConfigError, GatewayConfig, is_loopback, parse_config
+from policies.config import ConfigError, GatewayConfig, decode_config, is_loopback, parse_config
 from policies.tier_config import EmbeddedTierConfig
 
 log = logging.getLogger(__name__)
@@ -44,10 +46,14 @@ class FileVersion:
     sha256: str
 
 
+# Server settings read once, when the server starts.
+RESTART_ONLY_SERVER_FIELDS = ("host", "port", "gil_switch_interval_ms")
+
+
 @dataclass(frozen=True)
 class FileRead:
     version: FileVersion
-    text: str
+    data: bytes
 
 
 class ConfigReloader:
@@ -84,11 +90,9 @@ class ConfigReloader:
             raise ConfigError(f"{self.path}: cannot read ({exc.strerror})") from None
         if (before.st_size, before.st_mtime_ns) != (after.st_size, after.st_mtime_ns) or len(data) != after.st_size:
             raise ConfigError(f"{self.path}: the file changed while it was read")
-        try:
-            text = data.decode()
-        except UnicodeDecodeError:
-            raise ConfigError(f"{self.path}: not UTF-8 text") from None
-        return FileRead(FileVersion(after.st_size, after.st_mtime_ns, hashlib.sha256(data).hexdigest()), text)
+        # Decoded when it is loaded, so that a settled file that is not UTF-8 is reported, not
+        # taken for one still being written.
+        return FileRead(FileVersion(after.st_size, after.st_mtime_ns, hashlib.sha256(data).hexdigest()), data)
 
     def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -146,7 +150,8 @@ class ConfigReloader:
             try:
                 read = read or await asyncio.to_thread(self.read)
                 self._loaded = read.version     # a rejected file is not tried again until it changes
-                config = await asyncio.to_thread(parse_config, read.text, str(self.path))
+                text = decode_config(read.data, str(self.path))
+                config = await asyncio.to_thread(parse_config, text, str(self.path), self.path.parent)
                 self._check(config)
                 swapped = await self._swap(config, why)
                 self.served_sha256, self.reloaded_at = read.version.sha256, time.time()
@@ -189,6 +194,9 @@ class ConfigReloader:
     def _check(self, config: GatewayConfig) -> None:
         if not config.auth.enabled and not is_loopback(self.host):
             raise ReloadRejected(f"auth is off but the server listens on {self.host}, not loopback")
+        for field in RESTART_ONLY_SERVER_FIELDS:
+            if getattr(config.server, field) != getattr(self.holder.current.config.server, field):
+                raise ReloadRejected(f"server.{field} changed: restart to apply")
         old = self.holder.current.tiers
         for name, tier in old.items():
             new_cfg = config.tiers.get(name)

@@ -9,10 +9,21 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 from pathlib import Path
+from typing import Annotated
 
 import yaml
-from pydantic import BaseModel, ByteSize, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ByteSize,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    model_validator,
+)
 
 from policies.cascade import CascadeConfig
 from policies.limits_config import LimitsConfig
@@ -52,6 +63,19 @@ class ConfigError(ValueError):
 
 
 
+# Tier names show in headers, metrics labels and log lines: plain identifiers only.
+_TIER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$")
+
+
+def _tier_name(name: str) -> str:
+    if not _TIER_NAME.match(name):
+        raise ValueError("a tier's name is 1-64 letters, digits, '_', '.', ':' or '-', starting with a letter or digit")
+    return name
+
+
+TierName = Annotated[str, AfterValidator(_tier_name)]
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -72,7 +96,7 @@ MIN_PREFIX_SECRET_CHARS = 16
 class ServerConfig(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
-    max_body_bytes: ByteSize = Field(ByteSize(4 * 2**20), description="larger request bodies get 413")
+    max_body_bytes: ByteSize = Field(ByteSize(4 * 2**20), gt=0, description="larger request bodies get 413")
     reload_poll_s: float = Field(2.0, ge=0, description="seconds between config file checks; 0: SIGHUP only")
     body_timeout_s: float = Field(30.0, gt=0, description="a request body not fully received this long after "
                                                            "its headers gets 408 (a trickled body holds no slot)")
@@ -108,7 +132,7 @@ class GatewayConfig(_Strict):
     server: ServerConfig = ServerConfig()
     auth: AuthConfig = AuthConfig()
     tenants: dict[str, TenantConfig] = {}
-    tiers: dict[str, TierConfig]
+    tiers: dict[TierName, TierConfig]
     default_tier: str | None = Field(None, description="tier of `tiergate generate`; default: the first")
     models: dict[str, ModelAliasConfig] = Field({}, description="model ids clients name; default: one per tier")
     classification: ClassificationConfig = ClassificationConfig()
@@ -124,6 +148,7 @@ class GatewayConfig(_Strict):
             self.default_tier = next(iter(self.tiers))
         elif self.default_tier not in self.tiers:
             raise ValueError(f"default_tier {self.default_tier!r} is not one of the tiers {sorted(self.tiers)}")
+        self._check_served_names()
         if not self.models:
             self.models = {(t.served_name or name): ModelAliasConfig(chain=[name]) for name, t in self.tiers.items()}
         if not self.tenants:
@@ -134,20 +159,41 @@ class GatewayConfig(_Strict):
         self._check_limits_named()
         return self
 
+    def _check_served_names(self) -> None:
+        """Without a models section each tier is listed under its served name (or its own name):
+        two tiers under one id would leave one of them unreachable."""
+        if self.models:
+            return
+        owner: dict[str, str] = {}
+        for name, tier in self.tiers.items():
+            shown = tier.served_name or name
+            if shown in owner:
+                raise ValueError(f"tiers.{name}.served_name: model id {shown!r} is already tier {owner[shown]!r}'s "
+                                 "(give each tier its own, or list the model ids under `models:`)")
+            owner[shown] = name
+
     def _check_tiers_named(self) -> None:
         def check(chain: list[str], where: str) -> None:
             for tier in chain:
                 if tier not in self.tiers:
                     raise ValueError(f"{where}: unknown tier {tier!r}; tiers: {sorted(self.tiers)}")
+            repeated = sorted({t for t in chain if chain.count(t) > 1})
+            if repeated:
+                raise ValueError(f"{where}: tier {repeated[0]!r} is named twice (a tier that failed is not tried again)")
+
+        def check_cascade(chain: list[str], cascade, where: str) -> None:
+            check([cascade.to], f"{where}.to")
+            if cascade.to == chain[0]:
+                raise ValueError(f"{where}.to: {cascade.to!r} is the tier the cascade starts on")
 
         for alias, m in self.models.items():
             check(m.chain, f"models.{alias}.chain")
             if m.cascade:
-                check([m.cascade.to], f"models.{alias}.cascade.to")
+                check_cascade(m.chain, m.cascade, f"models.{alias}.cascade")
         for i, rule in enumerate(self.routing.rules):
             check(rule.chain, f"routing.rules.{i}.chain")
             if rule.cascade:
-                check([rule.cascade.to], f"routing.rules.{i}.cascade.to")
+                check_cascade(rule.chain, rule.cascade, f"routing.rules.{i}.cascade")
             for alias in _as_list(rule.match.model):
                 if alias not in self.models:
                     raise ValueError(f"routing.rules.{i}.match.model: unknown model {alias!r}")
@@ -203,24 +249,60 @@ def _as_list(value) -> list:
     return value if isinstance(value, list) else [value]
 
 
+class DuplicateKeyError(yaml.YAMLError):
+    pass
+
+
+class StrictYamlLoader(yaml.SafeLoader):
+    """YAML's safe loader, except that a key given twice in one mapping is an error: silently
+    keeping the last (YAML's default) would drop a whole tier or server section."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            first_line: dict = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue                    # `<<:` merges may be overridden by the mapping's own keys
+                key = self.construct_object(key_node, deep=True)
+                line = key_node.start_mark.line + 1
+                try:
+                    if key in first_line:
+                        raise DuplicateKeyError(f"the key {key!r} is given twice, on lines {first_line[key]} and {line}")
+                    first_line[key] = line
+                except TypeError:
+                    continue                    # an unhashable key: the constructor reports it
+        return super().construct_mapping(node, deep)
+
+
 def _format_location(loc: tuple) -> str:
     parts = list(loc)
     # Drop the tagged-union tag pydantic inserts after a tier name (tiers.small.embedded.dtype).
     if len(parts) >= 3 and parts[0] == "tiers" and parts[2] in ("embedded", "upstream"):
         del parts[2]
+    # and the union member it tried (profile.literal['latency',...], needs.list[...]): not a field
+    parts = [p for p in parts if not (isinstance(p, str) and _UNION_MEMBER.match(p))]
+    if parts and parts[-1] == "[key]":      # a mapping's key itself was refused: show it quoted
+        parts = parts[:-2] + [repr(parts[-2])] if len(parts) >= 2 else parts[:-1]
     return ".".join(str(p) for p in parts)
+
+
+_UNION_MEMBER = re.compile(r"^(literal|list|function-[a-z]+|union|nullable|dict|tuple|set)\[")
 
 
 def parse_config(text: str, source: str = "<config>", base_dir: Path | None = None) -> GatewayConfig:
     """`base_dir`: where relative file names in the config (a gain model's) are looked up."""
     try:
-        raw = yaml.safe_load(text)
+        raw = yaml.load(text, Loader=StrictYamlLoader)
     except yaml.YAMLError as exc:
         raise ConfigError(f"{source}: not valid YAML ({exc})".replace("\n", " ")) from None
+    except RecursionError:
+        raise ConfigError(f"{source}: nested too deeply") from None
     if raw is not None and not isinstance(raw, dict):
         raise ConfigError(f"{source}: the top level must be a mapping")
     try:
         return GatewayConfig.model_validate(raw or {}, context={"base_dir": base_dir})
+    except RecursionError:
+        raise ConfigError(f"{source}: nested too deeply") from None
     except ValidationError as exc:
         first = exc.errors()[0]
         where = _format_location(first["loc"])
@@ -233,9 +315,16 @@ def parse_config(text: str, source: str = "<config>", base_dir: Path | None = No
 def load_config(path: str | Path) -> GatewayConfig:
     path = Path(path)
     try:
-        text = path.read_text()
+        data = path.read_bytes()
     except FileNotFoundError:
         raise ConfigError(f"{path}: file not found") from None
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read ({exc.strerror})") from None
-    return parse_config(text, str(path), path.parent)
+    return parse_config(decode_config(data, str(path)), str(path), path.parent)
+
+
+def decode_config(data: bytes, source: str) -> str:
+    try:
+        return data.decode()
+    except UnicodeDecodeError:
+        raise ConfigError(f"{source}: not UTF-8 text") from None

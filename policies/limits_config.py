@@ -10,6 +10,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from policies.url_check import check_redis_url
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -70,8 +72,8 @@ class StoreConfig(_Strict):
     def _redis_needs_url(self) -> StoreConfig:
         if self.backend == "redis" and not self.url:
             raise ValueError("the redis backend needs a url (redis://host:port/db)")
-        if self.backend == "redis" and not self.url.startswith(("redis://", "rediss://", "unix://")):
-            raise ValueError("url must start with redis://, rediss:// or unix://")
+        if self.backend == "redis":
+            check_redis_url(self.url, "url")
         return self
 
 

@@ -8,6 +8,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ByteSize, ConfigDict, Discriminator, Field, FilePath, Tag, model_validator
 
 from policies.needs import DEFAULT_CAPABILITIES, Capability
+from policies.url_check import check_url
 
 
 # What the engine accepts, restated here because policies never imports engines; each is defined
@@ -72,7 +73,7 @@ class EmbeddedTierConfig(_TierBase):
     device: str = Field("cpu", pattern=r"^(cpu|auto|cuda(:\d+)?)$",
                         description="where the weights, KV cache and step tensors live: cpu, cuda[:N] or auto")
     max_model_len: int = Field(2048, gt=0)
-    kv_cache_memory: ByteSize = Field(ByteSize(512 * 2**20), description="KV pool size, e.g. '512MiB'")
+    kv_cache_memory: ByteSize = Field(ByteSize(512 * 2**20), gt=0, description="KV pool size, e.g. '512MiB'")
     block_size: int = Field(16, gt=0, le=256)
     max_num_seqs: int = Field(128, gt=0)
     max_num_batched_tokens: int = Field(2048, gt=0)
@@ -166,9 +167,7 @@ class UpstreamTierConfig(_TierBase):
 
     @model_validator(mode="after")
     def _check(self) -> UpstreamTierConfig:
-        if not self.base_url.startswith(("http://", "https://")):
-            raise ValueError("base_url must start with http:// or https://")
-        self.base_url = self.base_url.rstrip("/")
+        self.base_url = check_url(self.base_url, ("http", "https"), "base_url").rstrip("/")
         if self.api_key_env is not None and not os.environ.get(self.api_key_env):
             raise ValueError(f"environment variable {self.api_key_env} (api_key_env) is not set")
         return self
@@ -186,5 +185,6 @@ def _tier_kind(value) -> str:
 
 TierConfig = Annotated[
     Annotated[EmbeddedTierConfig, Tag("embedded")] | Annotated[UpstreamTierConfig, Tag("upstream")],
-    Discriminator(_tier_kind),
+    Discriminator(_tier_kind, custom_error_type="tier_kind",
+                  custom_error_message="kind must be 'embedded' or 'upstream'"),
 ]

@@ -237,14 +237,19 @@ def test_health_ready_openapi(gw):
     assert {"messages", "max_completion_tokens", "logprobs", "top_logprobs", "stream_options", "seed", "n",
             "stop", "user"} <= set(chat_schema["properties"])
     # What the validators enforce is stated, so a schema-driven client reaches the tiers: the
-    # served model names as an enum, and the numeric bounds.
-    served = set(gw.runtime.config.models)
+    # numeric bounds. With keys on, the document (read without one) names no model: each tenant
+    # has its own list, in /v1/models.
+    assert gw.runtime.config.auth.enabled
     for request in ("ChatCompletionRequest", "CompletionRequest"):
-        assert set(doc["components"]["schemas"][request]["properties"]["model"]["enum"]) == served
+        model = doc["components"]["schemas"][request]["properties"]["model"]
+        assert "enum" not in model and model["type"] == "string"
     top_k = chat_schema["properties"]["top_k"]["anyOf"][0]
     assert (top_k["minimum"], top_k["maximum"]) == (-1, 2 ** 31 - 1)
     nf = httpx.get(f"{gw.base}/v2/nothing")
     assert nf.status_code == 404 and "error" in nf.json()
+    wrong_method = httpx.delete(f"{gw.base}/v1/models")
+    assert wrong_method.status_code == 405 and "error" in wrong_method.json()
+    assert "GET" in wrong_method.headers["allow"]
 
 
 def test_a_model_is_retrieved_as_openai_retrieves_it(gw):
