@@ -120,13 +120,23 @@ class BlockManager:
 
     def can_admit(self, seq: Sequence, headroom_blocks: int = 0) -> bool:
         """Whether try_admit would succeed now (allocates nothing)."""
+        return len(self._free) - self.blocks_to_admit(seq) >= headroom_blocks
+
+    def blocks_to_admit(self, seq: Sequence) -> int:
+        """Free blocks admitting `seq` now would take: its new blocks, and the cached prefix
+        blocks it reuses that nobody holds (they sit in the free list)."""
         hits = self._lookup_prefix(seq)
-        return self._fits(hits, self.blocks_needed(seq.num_tokens) - len(hits), headroom_blocks)
+        return self.blocks_needed(seq.num_tokens) - len(hits) + self._hits_now_free(hits)
+
+    def blocks_freed_by(self, seq: Sequence) -> int:
+        """Blocks that freeing `seq` would return to the free list (those no other sequence holds)."""
+        return sum(1 for b in seq.block_table if self.blocks[b].ref_count == 1)
 
     def _fits(self, hits: list[int], new_needed: int, headroom_blocks: int) -> bool:
-        # A cached block nobody holds sits in the free list: reusing it takes it from there.
-        hits_now_free = sum(1 for b in hits if self.blocks[b].ref_count == 0)
-        return len(self._free) - hits_now_free - new_needed >= headroom_blocks
+        return len(self._free) - self._hits_now_free(hits) - new_needed >= headroom_blocks
+
+    def _hits_now_free(self, hits: list[int]) -> int:
+        return sum(1 for b in hits if self.blocks[b].ref_count == 0)
 
     def try_grow(self, seq: Sequence, num_tokens: int) -> bool:
         """Make `seq`'s block table cover `num_tokens` tokens; all or nothing."""

@@ -1,17 +1,18 @@
 """Iteration-level scheduling: which sequences compute how many tokens in the next step.
 
 One token budget covers prefill chunks and decode tokens alike. Sequences are ordered by
-(priority, rank, arrival): rank is a sequence's place among its request's choices, so between
-equal priorities every request's first choice comes before anyone's second. Running sequences
-are served first (in admission order); when a running sequence needs a block and none is free,
-the last in that order is preempted and will be recomputed. Waiting sequences are admitted in
-that order, only if their blocks fit with headroom to spare, and not in a step where running
-sequences ran out of blocks.
+priority, then arrival, where a choice's rank among its request's choices (prompts x n) counts
+as later arrival (Sequence.sort_key): one request asking for many choices does not come before
+every request that arrives while it runs. The running list is kept in that order and served in
+it; when a running sequence needs a block and none is free, the last running sequence in that
+order is preempted and will be recomputed. Waiting sequences are admitted in that order, only if
+their blocks fit with headroom to spare, and not in a step where running sequences ran out of
+blocks.
 
-A waiting sequence that comes before a running one in that order takes its place when the
-seats (max_num_seqs) or blocks are full: the running sequence last in the order is preempted
-first, as vLLM's priority scheduling does. Without it a request with many choices, or a
-lower-priority tenant's long answers, would hold the tier until they finish.
+A waiting sequence that comes before a running one takes its place when the seats
+(max_num_seqs) or blocks are full: the running sequence last in the order is preempted first,
+as vLLM's priority scheduling does. Without it a request with many choices, or a lower-priority
+tenant's long answers, would hold the tier until they finish.
 
 The waiting queue is a heap with lazy deletion: removing a waiting sequence (an abort) only
 forgets its entry, O(1); the heap drops forgotten entries when they reach its top, and is
@@ -19,12 +20,14 @@ rebuilt once they outnumber the live ones, so it stays within about twice the qu
 
 Speculative decoding: a decoding sequence may be given `num_lookahead` extra slots for
 draft tokens (the `lookahead` callback decides how many). They count against the token
-budget and are allocated with the sequence's blocks; when they do not fit, the sequence
-decodes without them rather than preempting anyone.
+budget and are allocated with the sequence's blocks; when they do not fit, or would take the
+blocks the head of the queue needs to be admitted to a free seat, the sequence decodes without
+them rather than preempting or holding off anyone.
 """
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import itertools
 import time
@@ -86,7 +89,7 @@ class Scheduler:
         self.max_num_batched_tokens = max_num_batched_tokens
         self.headroom_blocks = headroom_blocks
         self.running: list[Sequence] = []
-        # Heap of [priority, rank, arrival, counter, seq]; an entry whose seq is None was removed.
+        # Heap of [*sort key, counter, seq]; an entry whose seq is None was removed.
         self._waiting: list[list] = []
         self._entries: dict[int, list] = {}     # id(seq) -> its live heap entry
         self._counter = itertools.count()
@@ -128,8 +131,11 @@ class Scheduler:
         self._yield_to_waiting(out)
         yielded = len(out.preempted)
         budget = self.max_num_batched_tokens
+        # The running list is in sort-key order, so a sequence's possible victims (those after it)
+        # are exactly the ones still in `queue`: nobody is preempted for one that comes after it.
         queue = deque(self.running)
         num_running = len(self.running)
+        reserve = self._reserve_for_head()
         kept: list[Sequence] = []
         while queue:
             seq = queue.popleft()
@@ -139,8 +145,8 @@ class Scheduler:
                 continue
             # Draft slots never take the one token each later running sequence needs.
             k = self._lookahead(seq, num_running, budget - n - len(queue))
-            if k and not self.bm.try_grow(seq, seq.num_computed_tokens + n + k):
-                k = 0                     # speculation never costs anyone a preemption
+            if k and not self._grow_with_drafts(seq, n, k, reserve):
+                k = 0                     # speculation never costs anyone a preemption or a seat
             while not self.bm.try_grow(seq, seq.num_computed_tokens + n):
                 victim = max([*queue, seq], key=Sequence.sort_key)
                 if victim is not seq:
@@ -158,17 +164,43 @@ class Scheduler:
             budget = self._admit(out, budget)
         return out
 
-    def _yield_to_waiting(self, out: SchedulerOutput) -> None:
-        """Preempt running sequences that the head of the queue comes before, one at a time,
-        until it has a seat and its blocks. Done before the step's plan, so a preempted sequence
-        is never in it."""
+    def _reserve_for_head(self) -> int:
+        """Free blocks the head of the queue needs to take a free seat this step (0 if no seat)."""
         head = self._head()
-        while head is not None and self.running:
-            if len(self.running) < self.max_num_seqs and self.bm.can_admit(head, self.headroom_blocks):
-                return
-            victim = max(self.running, key=Sequence.sort_key)
-            if victim.sort_key() <= head.sort_key():
-                return
+        if head is None or len(self.running) >= self.max_num_seqs:
+            return 0
+        return self.bm.blocks_to_admit(head) + self.headroom_blocks
+
+    def _grow_with_drafts(self, seq: Sequence, n: int, k: int, reserve: int) -> bool:
+        """Blocks for n tokens and k draft slots, unless the draft slots' blocks would leave fewer
+        than `reserve` free (the waiting head's)."""
+        plain = max(len(seq.block_table), self.bm.blocks_needed(seq.num_computed_tokens + n))
+        extra = self.bm.blocks_needed(seq.num_computed_tokens + n + k) - plain
+        if extra > 0 and self.bm.num_free_blocks - extra < reserve:
+            return False
+        return self.bm.try_grow(seq, seq.num_computed_tokens + n + k)
+
+    def _yield_to_waiting(self, out: SchedulerOutput) -> None:
+        """Preempt the fewest running sequences, last in order first and only ones the head of
+        the queue comes before, that give it a seat and its blocks; none if even all of those
+        would not. Done before the step's plan, so a preempted sequence is never in it."""
+        head = self._head()
+        if head is None or not self.running:
+            return
+        seats_short = len(self.running) + 1 - self.max_num_seqs
+        blocks_short = self.bm.blocks_to_admit(head) + self.headroom_blocks - self.bm.num_free_blocks
+        victims: list[Sequence] = []
+        for seq in reversed(self.running):          # the list is in sort-key order
+            if seats_short <= 0 and blocks_short <= 0:
+                break
+            if seq.sort_key() <= head.sort_key():
+                break
+            victims.append(seq)
+            seats_short -= 1
+            blocks_short -= self.bm.blocks_freed_by(seq)
+        if seats_short > 0 or blocks_short > 0:
+            return
+        for victim in victims:
             self.running.remove(victim)
             self._preempt(victim)
             out.preempted.append(victim)
@@ -202,7 +234,7 @@ class Scheduler:
             seq.status = SeqStatus.RUNNING
             if seq.scheduled_time is None:
                 seq.scheduled_time = time.monotonic()
-            self.running.append(seq)
+            bisect.insort(self.running, seq, key=Sequence.sort_key)
             n = min(seq.num_uncomputed, budget)
             out.scheduled.append(ScheduledSeq(seq, seq.num_computed_tokens, n))
             budget -= n

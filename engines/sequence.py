@@ -16,6 +16,12 @@ if TYPE_CHECKING:
     from engines.sampler import TokenLogprob
 
 
+# How much later than its request a choice counts as arriving, per place (see Sequence.rank):
+# long enough that requests arriving while a many-choice request runs get seats, short enough
+# that its later choices are not deferred by minutes.
+RANK_SPACING_S = 0.5
+
+
 class SeqStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
@@ -29,9 +35,10 @@ class Sequence:
     params: SamplingParams
     prefix_scope: str | None = None     # tenant salt for prefix sharing; None = shared
     priority: int = 0                    # lower runs first
-    # Its place among its client request's choices (prompts x n): 0 for the first. Between
-    # equal priorities the scheduler serves every request's first choice before anyone's second,
-    # so one request asking for many choices cannot hold every slot while others wait.
+    # Its place among its client request's choices (prompts x n): 0 for the first. Each place
+    # counts as RANK_SPACING_S of later arrival, so one request asking for many choices cannot
+    # hold every seat while requests that came soon after wait, and its last choices still come
+    # before whatever arrives later than that (no choice waits without bound).
     rank: int = 0
     arrival: float = field(default_factory=time.monotonic)
     output_ids: list[int] = field(default_factory=list)
@@ -119,6 +126,6 @@ class Sequence:
     def is_finished(self) -> bool:
         return self.status is SeqStatus.FINISHED
 
-    def sort_key(self) -> tuple[int, int, float]:
+    def sort_key(self) -> tuple[int, float]:
         """Lower is served first: admitted first, preempted last."""
-        return (self.priority, self.rank, self.arrival)
+        return (self.priority, self.arrival + self.rank * RANK_SPACING_S)

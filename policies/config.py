@@ -64,12 +64,13 @@ class ConfigError(ValueError):
 
 
 # Tier names show in headers, metrics labels and log lines: plain identifiers only.
-_TIER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$")
+_TIER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/-]{0,127}$")
 
 
 def _tier_name(name: str) -> str:
     if not _TIER_NAME.match(name):
-        raise ValueError("a tier's name is 1-64 letters, digits, '_', '.', ':' or '-', starting with a letter or digit")
+        raise ValueError("a tier's name is 1-128 letters, digits, '_', '.', ':', '/' or '-', starting with a letter "
+                         "or digit")
     return name
 
 
@@ -255,23 +256,31 @@ class DuplicateKeyError(yaml.YAMLError):
 
 class StrictYamlLoader(yaml.SafeLoader):
     """YAML's safe loader, except that a key given twice in one mapping is an error: silently
-    keeping the last (YAML's default) would drop a whole tier or server section."""
+    keeping the last (YAML's default) would drop a whole tier or server section. Checked on each
+    mapping's own keys before `<<:` merges are flattened into it (a merge's keys may be
+    overridden), once per mapping: a merged anchor is flattened before it is constructed."""
 
-    def construct_mapping(self, node, deep=False):
-        if isinstance(node, yaml.MappingNode):
-            first_line: dict = {}
-            for key_node, _ in node.value:
-                if key_node.tag == "tag:yaml.org,2002:merge":
-                    continue                    # `<<:` merges may be overridden by the mapping's own keys
-                key = self.construct_object(key_node, deep=True)
-                line = key_node.start_mark.line + 1
-                try:
-                    if key in first_line:
-                        raise DuplicateKeyError(f"the key {key!r} is given twice, on lines {first_line[key]} and {line}")
-                    first_line[key] = line
-                except TypeError:
-                    continue                    # an unhashable key: the constructor reports it
-        return super().construct_mapping(node, deep)
+    def flatten_mapping(self, node):
+        checked = self.__dict__.setdefault("_checked_mappings", set())
+        if id(node) not in checked:
+            checked.add(id(node))
+            _check_unique_keys(self, node)
+        super().flatten_mapping(node)
+
+
+def _check_unique_keys(loader: yaml.SafeLoader, node: yaml.MappingNode) -> None:
+    first_line: dict = {}
+    for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":
+            continue
+        key = loader.construct_object(key_node, deep=True)
+        line = key_node.start_mark.line + 1
+        try:
+            if key in first_line:
+                raise DuplicateKeyError(f"the key {key!r} is given twice, on lines {first_line[key]} and {line}")
+            first_line[key] = line
+        except TypeError:
+            continue                    # an unhashable key: the constructor reports it
 
 
 def _format_location(loc: tuple) -> str:

@@ -8,11 +8,12 @@ kept in a bounded LRU keyed by the spec's digest (errors too, so a bad schema se
 once); every request gets its own matcher, a deep copy of the cached one, made in the worker too.
 
 One worker serves every caller, so one caller's huge grammars must not hold up another's small
-one: the worker takes cached specs first, then the shortest spec text (a stand-in for compile
-cost: big grammars are long), first come first served between equals. A compile's own run is
-what the timeout judges (past it: the client's 400, too costly a constraint); a request whose
-compile has not started by then was held up by others, gets a retryable 503, and its compile is
-dropped from the queue.
+one: the worker takes cached specs first, then the others by arrival with a delay for their
+length (a stand-in for compile cost: big grammars are long), at most half the timeout, so a long
+spec waits for short ones sent soon after it but not for ever. A compile's own run is what the
+timeout judges (past it: the client's 400, too costly a constraint); a request whose compile has
+not started by then was held up by others, gets a retryable 503, and its compile is dropped
+from the queue, as is the compile of a request whose caller stopped waiting.
 
 llguidance's parser limits bound the work a grammar may cause at compile time and per token, so
 a compile that passes the timeout still ends; the client has had its 400 by then. llguidance
@@ -31,7 +32,7 @@ from concurrent.futures import Future
 
 import llguidance
 
-from engines.errors import GrammarCompilerBusyError
+from engines.errors import EngineDeadError, GrammarCompilerBusyError
 from engines.grammar.errors import GrammarError
 from engines.grammar.llg_tokenizer import build_llg_tokenizer, token_reference
 from engines.grammar.spec import JSON_OPTIONS, GrammarSpec
@@ -41,6 +42,9 @@ from engines.tokenizer import TextTokenizer
 MAX_CACHED = 256
 COMPILE_TIMEOUT_S = 10.0
 MAX_ERROR_CHARS = 300
+# Queue delay per character of a spec not yet compiled: about what a large Lark grammar takes to
+# compile per character on these CPUs (a 0.9 MB one took 4.5 s).
+QUEUE_DELAY_PER_CHAR_S = 5e-6
 # Tighter than llguidance's defaults (500k symbols, 1M lexer fuel): a schema the gateway admits
 # (bounded size and depth) compiles far below these.
 LIMITS = dict(max_grammar_size=200_000, initial_lexer_fuel=1_000_000, step_lexer_fuel=200_000,
@@ -90,7 +94,7 @@ class GrammarCompiler:
         self._llg: llguidance.LLTokenizer | None = None
         self._lock = threading.Lock()
         self._cache: OrderedDict[str, CompiledGrammar | GrammarError] = OrderedDict()
-        # The worker's queue: [cost, arrival counter, spec, job], cheapest first.
+        # The worker's queue: [when it may start, arrival counter, spec, job], earliest first.
         self._queue: list[list] = []
         self._queued = threading.Condition(self._lock)
         self._order = itertools.count()
@@ -137,14 +141,18 @@ class GrammarCompiler:
 
     def submit(self, spec: GrammarSpec) -> _CompileJob:
         """A fresh state for one request, compiled (or copied) in the compiler's worker thread,
-        cached specs first, then the shortest."""
+        cached specs first, then by arrival delayed by length (see the module's notes)."""
         job = _CompileJob()
         with self._lock:
             if self._closed:
-                job.cancel()
+                job.set_exception(EngineDeadError("the engine shut down before the constraint was compiled"))
                 return job
-            cost = 0 if spec.digest in self._cache else 1 + len(spec.text)
-            heapq.heappush(self._queue, [cost, next(self._order), spec, job])
+            now = time.monotonic()
+            if spec.digest in self._cache:
+                due = now - self.timeout_s      # a copy of a cached matcher: before any compile
+            else:
+                due = now + min(len(spec.text) * QUEUE_DELAY_PER_CHAR_S, self.timeout_s / 2)
+            heapq.heappush(self._queue, [due, next(self._order), spec, job])
             if self._worker is None:
                 self._worker = threading.Thread(target=self._work, name="tiergate-grammar", daemon=True)
                 self._worker.start()
@@ -156,29 +164,33 @@ class GrammarCompiler:
         its field; the worker finishes it under llguidance's limits); one still queued when the
         timeout has passed is dropped, and the request gets GrammarCompilerBusyError."""
         job = self.submit(spec)
-        if job.cancelled():
-            raise GrammarCompilerBusyError("the engine is shutting down")
         waiting = asyncio.wrap_future(job)
         try:
-            return await asyncio.wait_for(asyncio.shield(waiting), self.timeout_s)
-        except TimeoutError:
-            pass
-        if job.cancel():                      # never started: others' compiles held it up
-            raise GrammarCompilerBusyError("the constraint compiler is busy with other requests; retry shortly")
-        ran = time.monotonic() - job.started if job.started is not None else 0.0
-        try:
-            return await asyncio.wait_for(asyncio.shield(waiting), max(0.0, self.timeout_s - ran))
-        except TimeoutError:
-            raise GrammarError(f"{spec.param}: the constraint took longer than {self.timeout_s:g} s to compile",
-                               spec.param) from None
+            try:
+                return await asyncio.wait_for(asyncio.shield(waiting), self.timeout_s)
+            except TimeoutError:
+                pass
+            if job.cancel():                      # never started: others' compiles held it up
+                raise GrammarCompilerBusyError("the constraint compiler is busy with other requests; retry shortly")
+            ran = time.monotonic() - job.started if job.started is not None else 0.0
+            try:
+                return await asyncio.wait_for(asyncio.shield(waiting), max(0.0, self.timeout_s - ran))
+            except TimeoutError:
+                raise GrammarError(f"{spec.param}: the constraint took longer than {self.timeout_s:g} s to compile",
+                                   spec.param) from None
+        except asyncio.CancelledError:
+            job.cancel()                          # the caller left: a compile not started is dropped
+            raise
 
     def shutdown(self) -> None:
+        """Stop the worker; requests whose compile had not started fail with EngineDeadError."""
         with self._lock:
             self._closed = True
             pending, self._queue = self._queue, []
             self._queued.notify_all()
         for *_, job in pending:
-            job.cancel()
+            if job.set_running_or_notify_cancel():
+                job.set_exception(EngineDeadError("the engine shut down before the constraint was compiled"))
 
     def _work(self) -> None:
         while True:

@@ -103,7 +103,7 @@ async def search(engine: AsyncEngine, run_id: str, prompt: list[int], settings: 
     for step in range(settings.max_tokens):
         async with asyncio.TaskGroup() as group:      # one failure cancels (and aborts) the others
             tasks = [group.create_task(_next_token(engine, f"{run_id}-{step}-{i}", prompt + list(beam.tokens),
-                                                   2 * width, scope, priority, spent, step == 0))
+                                                   2 * width, scope, priority, i, spent, step == 0))
                      for i, beam in enumerate(live)]
         grown = []
         for beam, task in zip(live, tasks):
@@ -119,14 +119,15 @@ async def search(engine: AsyncEngine, run_id: str, prompt: list[int], settings: 
 
 
 async def _next_token(engine: AsyncEngine, request_id: str, ids: list[int], top: int, scope: str | None,
-                      priority: int, spent: Usage, first: bool) -> TokenLogprob:
+                      priority: int, rank: int, spent: Usage, first: bool) -> TokenLogprob:
     """One beam's next-token candidates. Its work goes to `spent` when it is done: the token, and
     the prompt tokens the engine prefilled. The first step's prompt is the request's own (its
     cache hits reported as such); a later step's is the beam so far, of which only what the prefix
     cache did not hold was computed, and that is charged as prompt tokens."""
     params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True, logprobs=True, top_logprobs=top)
     found, last = None, None
-    async with contextlib.aclosing(engine.generate(request_id, ids, params, scope, priority)) as outputs:
+    # Each beam is one of the request's choices to the scheduler (its rank), as n choices are.
+    async with contextlib.aclosing(engine.generate(request_id, ids, params, scope, priority, rank)) as outputs:
         async for out in outputs:
             last = out
             if out.logprobs:

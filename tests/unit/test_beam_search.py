@@ -28,7 +28,7 @@ class TableEngine:
         self.table, self.elsewhere = table, elsewhere
         self.calls: list[tuple[int, ...]] = []
 
-    async def generate(self, request_id, ids, params, scope, priority):
+    async def generate(self, request_id, ids, params, scope, priority, rank=0):
         assert ids[:len(PROMPT)] == PROMPT and params.max_tokens == 1 and params.top_logprobs == 4
         generated = tuple(ids[len(PROMPT):])
         self.calls.append(generated)

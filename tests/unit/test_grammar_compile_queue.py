@@ -1,18 +1,21 @@
 """The grammar compiler's one worker is shared by every request of an engine: a short spec is
-compiled before longer ones queued ahead of it, and a request whose compile never started before
-its time ran out gets a retryable busy error (its compile dropped), not a 400 blaming its own
-constraint. A stand-in spec holds the worker until the test lets it go; every other compile is
+compiled before a longer one queued just ahead of it, but not before one that has waited its
+length's delay; a request whose compile never started before its time ran out gets a retryable
+busy error (its compile dropped), not a 400 blaming its own constraint; a caller that leaves
+takes its queued compile with it; a shutdown fails what is queued. A stand-in spec holds the worker until the test lets it go; every other compile is
 llguidance's own."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import pytest
 
-from engines.errors import GrammarCompilerBusyError
+from engines.errors import EngineDeadError, GrammarCompilerBusyError
 from engines.grammar import GrammarCompiler, GrammarSpec
+from engines.grammar.compiler import QUEUE_DELAY_PER_CHAR_S
 from engines.tokenizer import TextTokenizer
 from gateway.errors import GatewayError
 from gateway.tiers.embedded_outputs import tier_error
@@ -109,16 +112,58 @@ def test_a_compile_that_never_started_in_time_is_a_busy_error_and_leaves_the_que
         compiler.shutdown()
 
 
-def test_shutdown_cancels_what_is_queued(tok):
+def test_a_long_spec_goes_before_short_ones_sent_after_its_delay(tok):
+    compiler = _compiler(tok)
+    try:
+        held = compiler.submit(HOLD)
+        assert compiler.holding.wait(30)
+        big = compiler.submit(BIG)
+        time.sleep(len(BIG.text) * QUEUE_DELAY_PER_CHAR_S + 0.05)     # its delay has passed
+        small = compiler.submit(SMALL)
+        compiler.release.set()
+        for job in (held, big, small):
+            job.result(30)
+        assert compiler.done == ["guided_regex", "big", "guided_choice"]
+    finally:
+        compiler.shutdown()
+
+
+def test_a_caller_that_stops_waiting_takes_its_queued_compile_with_it(tok):
+    compiler = _compiler(tok)
+
+    async def scenario():
+        held = compiler.submit(HOLD)
+        assert await asyncio.to_thread(compiler.holding.wait, 30)
+        waiting = asyncio.create_task(compiler.state_for(SMALL))
+        while not compiler._queue:                  # until it is queued behind HOLD
+            await asyncio.sleep(0.01)
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        compiler.release.set()
+        await asyncio.wrap_future(held)
+        await asyncio.wrap_future(compiler.submit(BIG))   # the worker has passed where SMALL was
+        assert compiler.done == ["guided_regex", "big"]
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        compiler.release.set()
+        compiler.shutdown()
+
+
+def test_shutdown_fails_what_is_queued_as_the_engine_gone(tok):
     compiler = _compiler(tok)
     held = compiler.submit(HOLD)
     assert compiler.holding.wait(30)
     queued = compiler.submit(SMALL)
     compiler.shutdown()
-    assert queued.cancelled()
+    with pytest.raises(EngineDeadError):
+        queued.result(30)
     compiler.release.set()
     held.result(30)
-    assert compiler.submit(SMALL).cancelled()
+    with pytest.raises(EngineDeadError):
+        compiler.submit(SMALL).result(30)
 
 
 def test_the_busy_error_is_a_retryable_503_not_a_failure_of_the_tier():

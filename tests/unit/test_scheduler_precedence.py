@@ -1,14 +1,15 @@
-"""Which sequence gives way: a waiting sequence that comes first in (priority, rank, arrival)
-takes a full tier's seat or blocks from the running sequence that comes last, so one request's
-many choices or a lower-priority tenant cannot hold the tier until they finish (real block
-manager, no model)."""
+"""Which sequence gives way: a waiting sequence that comes first (by priority, then arrival, a
+choice's rank counting as later arrival) takes a full tier's seat or blocks from the running
+sequence that comes last, so one request's many choices or a lower-priority tenant cannot hold
+the tier until they finish; nobody is preempted for nothing, and draft slots do not take the
+head's blocks (real block manager, no model)."""
 
 from __future__ import annotations
 
 from engines.block_manager import BlockManager
 from engines.sampling_params import SamplingParams
 from engines.scheduler import Scheduler
-from engines.sequence import Sequence, SeqStatus
+from engines.sequence import RANK_SPACING_S, Sequence, SeqStatus
 
 BS = 4
 
@@ -103,3 +104,63 @@ def test_a_sequence_out_of_blocks_preempts_the_highest_rank_not_the_newest():
     assert _ids(out.preempted) == ["big-5"]
     assert _ids(sched.running) == ["big-0", "other"]
     bm.check_invariants(sched.running)
+
+
+def test_a_later_choice_counts_as_arriving_later_but_not_for_ever():
+    """Choice k of a request counts as arriving k x RANK_SPACING_S after it: a request that came
+    sooner than that takes its seat, one that came later waits its turn."""
+    sched = Scheduler(BlockManager(64, BS), max_num_seqs=2, max_num_batched_tokens=100)
+    sched.add(_seq("big-0", 3, rank=0, arrival=0))
+    sched.add(_seq("big-1", 3, rank=1, arrival=0))
+    _run_step(sched)
+    sched.add(_seq("late", 3, arrival=RANK_SPACING_S + 0.1))
+    out = _run_step(sched)
+    assert not out.preempted and _ids(sched.running) == ["big-0", "big-1"]
+    sched.add(_seq("soon", 3, arrival=RANK_SPACING_S - 0.1))
+    out = _run_step(sched)
+    assert _ids(out.preempted) == ["big-1"] and _ids(sched.running) == ["big-0", "soon"]
+
+
+def test_out_of_blocks_the_last_in_order_goes_even_if_admitted_after_the_one_growing():
+    """The running list is kept in order: a higher priority admitted after a lower one is still
+    served first, and the lower one is what a shortage of blocks preempts."""
+    bm = BlockManager(5, BS, enable_prefix_caching=False)
+    sched = Scheduler(bm, max_num_seqs=8, max_num_batched_tokens=100, headroom_blocks=0)
+    low, high = _seq("low", 4, priority=1, arrival=0), _seq("high", 4, priority=0, arrival=1)
+    sched.add(low)
+    _run_step(sched)
+    sched.add(high)
+    _run_step(sched)
+    assert [s.request_id for s in sched.running] == ["high", "low"]
+    for _ in range(12):
+        out = _run_step(sched)
+        assert "high" not in _ids(out.preempted)
+        if out.preempted:
+            break
+    assert _ids(out.preempted) == ["low"] and high.num_preemptions == 0
+    bm.check_invariants(sched.running)
+
+
+def test_nobody_is_preempted_for_a_head_that_would_not_fit_anyway():
+    bm = BlockManager(10, BS, enable_prefix_caching=False)
+    sched = Scheduler(bm, max_num_seqs=8, max_num_batched_tokens=200, headroom_blocks=0)
+    sched.add(_seq("first", 15, priority=0, arrival=0))     # 4 blocks, comes before the head
+    sched.add(_seq("low", 7, priority=5, arrival=0))        # 2 blocks, after it
+    _run_step(sched)
+    sched.add(_seq("head", 40, priority=1, arrival=1))      # 10 blocks: more than low could free
+    out = _run_step(sched)
+    assert not out.preempted and _ids(sched.running) == ["first", "low"]
+
+
+def test_draft_slots_leave_the_blocks_the_head_needs_for_a_free_seat():
+    bm = BlockManager(12, BS, enable_prefix_caching=False)
+    sched = Scheduler(bm, max_num_seqs=8, max_num_batched_tokens=200, headroom_blocks=0,
+                      lookahead=lambda seq, running: 4)
+    for rank in range(4):
+        sched.add(_seq(f"big-{rank}", 5, rank=rank, arrival=0))
+    _run_step(sched)                               # 2 blocks each: 4 free
+    sched.add(_seq("other", 13, arrival=10))       # needs those 4
+    out = _run_step(sched)
+    assert "other" in _ids(s.seq for s in out.scheduled)
+    assert all(s.num_lookahead == 0 for s in out.scheduled)
+    assert not out.preempted
