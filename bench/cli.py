@@ -10,6 +10,8 @@ import argparse
 
 from bench.routing.cli import add_routing_parsers
 from engines.quantization.methods import GGUF_METHODS, LAYER_METHODS
+from gateway.cli.arg_types import (non_negative_int, positive_float, positive_int, positive_int_list,
+                                   positive_int_list_or_empty, positive_rate)
 from gateway.cli.usage_error import UsageError
 
 # Methods that quantize a loaded model in-process, without calibration text.
@@ -19,22 +21,23 @@ QUANTIZATION_CHOICES = (*LAYER_METHODS, *GGUF_METHODS)
 def add_bench_parsers(bench_sub) -> None:
     decode = bench_sub.add_parser("decode", help="single-stream decode tokens/s: ours vs transformers")
     decode.add_argument("--json", required=True, dest="json_out")
-    decode.add_argument("--new-tokens", type=int, default=128)
-    decode.add_argument("--repeats", type=int, default=3)
+    decode.add_argument("--new-tokens", type=positive_int, default=128)
+    decode.add_argument("--repeats", type=positive_int, default=3)
     decode.add_argument("--dtypes", default="float32,bfloat16")
     decode.set_defaults(run=_bench_decode)
     offline = bench_sub.add_parser("offline", help="engine throughput vs transformers static batching")
     offline.add_argument("--json", required=True, dest="json_out")
-    offline.add_argument("--num-requests", type=int, default=128)
+    offline.add_argument("--num-requests", type=positive_int, default=128)
     offline.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
-    offline.add_argument("--hf-batch-sizes", default="8,16")
-    offline.add_argument("--max-num-seqs", type=int, default=128)
-    offline.add_argument("--max-num-batched-tokens", type=int, default=2048)
-    offline.add_argument("--kv-cache-mib", type=int, default=2048)
-    offline.add_argument("--engine-processes", type=int, default=0,
+    offline.add_argument("--hf-batch-sizes", type=positive_int_list_or_empty, default="8,16",
+                         help="transformers batch sizes to compare with ('': the engine alone)")
+    offline.add_argument("--max-num-seqs", type=positive_int, default=128)
+    offline.add_argument("--max-num-batched-tokens", type=positive_int, default=2048)
+    offline.add_argument("--kv-cache-mib", type=positive_int, default=2048)
+    offline.add_argument("--engine-processes", type=non_negative_int, default=0,
                          help="run the engine in N worker processes (a tier's engine_processes), "
                               "each with --max-num-seqs and --kv-cache-mib of its own; 0: in this process")
-    offline.add_argument("--threads", type=int, help="CPU threads of each engine process (default: torch's)")
+    offline.add_argument("--threads", type=positive_int, help="CPU threads of each engine process (default: torch's)")
     offline.add_argument("--quantization", choices=QUANTIZATION_CHOICES,
                          help="tiergate's weights quantized in-process, as a tier's `quantization` (default: dense)")
     offline.add_argument("--kv-cache-dtype", choices=["int8"],
@@ -47,14 +50,14 @@ def add_bench_parsers(bench_sub) -> None:
     prefix = bench_sub.add_parser("prefix", help="time to first token, cold vs warm prefix cache")
     prefix.add_argument("--json", required=True, dest="json_out")
     prefix.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
-    prefix.add_argument("--system-tokens", type=int, default=2000)
-    prefix.add_argument("--repeats", type=int, default=8)
+    prefix.add_argument("--system-tokens", type=positive_int, default=2000)
+    prefix.add_argument("--repeats", type=positive_int, default=8)
     prefix.add_argument("--report", dest="report_dir", help="also write DIR/report.md with PNG plots")
     prefix.set_defaults(run=_reported("prefix", _bench_prefix))
     gw = bench_sub.add_parser("gateway", help="latency the gateway adds in front of an instant upstream")
     gw.add_argument("--json", required=True, dest="json_out")
-    gw.add_argument("--rate", type=float, default=500.0, help="requests per second (open loop)")
-    gw.add_argument("--seconds", type=float, default=10.0, help="length of each measured phase")
+    gw.add_argument("--rate", type=positive_float, default=500.0, help="requests per second (open loop)")
+    gw.add_argument("--seconds", type=positive_float, default=10.0, help="length of each measured phase")
     gw.add_argument("--rounds", type=int, default=3, help="direct/gateway phase pairs, interleaved")
     gw.add_argument("--stream-share", type=float, default=0.0, help="fraction of requests that stream")
     gw.add_argument("--console", action="store_true", help="also measure throughput (closed loop) with and without "
@@ -71,10 +74,10 @@ def add_bench_parsers(bench_sub) -> None:
     spec.add_argument("--per-task", type=int, default=4, help="input-grounded prompts per task")
     spec.add_argument("--chat-requests", type=int, default=8)
     spec.add_argument("--max-tokens", type=int, default=128)
-    spec.add_argument("--batch-sizes", default="16,32")
+    spec.add_argument("--batch-sizes", type=positive_int_list_or_empty, default="16,32")
     spec.add_argument("--draft-model", help="separate draft model (default: the model's int8 copy)")
     spec.add_argument("--self-group-size", type=int, default=32, choices=[32, 64, 128])
-    spec.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
+    spec.add_argument("--threads", type=positive_int, help="torch threads (default: torch's choice)")
     spec.add_argument("--report", dest="report_dir", help="also write DIR/report.md with PNG plots")
     spec.set_defaults(run=_reported("spec", _bench_spec))
     serve = bench_sub.add_parser("serve", help="load generator for any OpenAI-compatible URL (ShareGPT prompts)")
@@ -83,7 +86,7 @@ def add_bench_parsers(bench_sub) -> None:
     serve.add_argument("--model", help="model name (default: the first one /v1/models lists)")
     serve.add_argument("--num-requests", type=int, default=64)
     arrivals = serve.add_mutually_exclusive_group()
-    arrivals.add_argument("--request-rate", type=float, default=float("inf"),
+    arrivals.add_argument("--request-rate", type=positive_rate, default=float("inf"),
                           help="Poisson arrivals at this many requests/s (default inf: all at once)")
     arrivals.add_argument("--concurrency", help="fixed number of requests in flight instead; a comma list "
                                                  "(1,8,32) runs each level in turn")
@@ -108,11 +111,11 @@ def add_bench_parsers(bench_sub) -> None:
     soak = bench_sub.add_parser("soak", help="a long run at a share of measured capacity: RSS growth and p99 drift")
     soak.add_argument("--json", required=True, dest="json_out")
     soak.add_argument("--config", default="config/default.yaml", help="the config `tiergate serve` runs")
-    soak.add_argument("--minutes", type=float, default=30.0, help="length of the measured period")
+    soak.add_argument("--minutes", type=positive_float, default=30.0, help="length of the measured period")
     soak.add_argument("--load", type=float, default=0.7, help="offered load as a share of measured capacity")
     soak.add_argument("--concurrency", type=int, default=16, help="requests in flight while measuring capacity")
-    soak.add_argument("--capacity-seconds", type=float, default=60.0)
-    soak.add_argument("--window-seconds", type=float, default=60.0, help="length of each reported window")
+    soak.add_argument("--capacity-seconds", type=positive_float, default=60.0)
+    soak.add_argument("--window-seconds", type=positive_float, default=60.0, help="length of each reported window")
     soak.add_argument("--pool-size", type=int, default=128, help="distinct ShareGPT prompts, cycled")
     soak.add_argument("--max-prompt-tokens", type=int, default=256)
     soak.add_argument("--max-tokens", type=int, default=32, help="output tokens of every request (EOS ignored)")
@@ -121,7 +124,7 @@ def add_bench_parsers(bench_sub) -> None:
     prof = bench_sub.add_parser("profile", help="where a decode step's time goes (GEMMs, attention, norms, "
                                                 "sampling, scheduling...) at several batch sizes")
     prof.add_argument("--json", required=True, dest="json_out")
-    prof.add_argument("--batch-sizes", default="1,8,32,128")
+    prof.add_argument("--batch-sizes", type=positive_int_list, default="1,8,32,128")
     prof.add_argument("--model", default="default", help="'default', 'qwen', a .gguf file or an HF directory")
     prof.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
     prof.add_argument("--quantization", choices=QUANTIZATION_CHOICES,
@@ -138,7 +141,7 @@ def add_bench_parsers(bench_sub) -> None:
     ladder.add_argument("--max-tokens", type=int, default=64, help="cap on each request's output tokens")
     ladder.add_argument("--kv-cache-mib", type=int, default=96, help="KV budget of every rung")
     ladder.add_argument("--group-size", type=int, default=64, choices=[64, 128])
-    ladder.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
+    ladder.add_argument("--threads", type=positive_int, help="torch threads (default: torch's choice)")
     ladder.add_argument("--report", dest="report_dir", help="also write DIR/report.md with PNG plots")
     ladder.set_defaults(run=_reported("ladder", _bench_ladder))
     structured = bench_sub.add_parser("structured", help="grammar-constrained vs plain decoding throughput on the "
@@ -168,13 +171,9 @@ def _reported(kind: str, run):
 
 def _bench_profile(args: argparse.Namespace) -> int:
     from bench.engine.profile import run_profile_bench
-    try:
-        sizes = [int(x) for x in args.batch_sizes.split(",")]
-    except ValueError:
-        raise UsageError(f"--batch-sizes takes a comma list of numbers, not {args.batch_sizes!r}") from None
-    if not sizes or min(sizes) < 1 or args.steps < 1 or args.max_prompt_tokens < 1:
-        raise UsageError("--batch-sizes, --steps and --max-prompt-tokens must be >= 1")
-    return run_profile_bench(args.json_out, sizes, args.model, args.dtype, args.quantization, args.steps,
+    if args.steps < 1 or args.max_prompt_tokens < 1:
+        raise UsageError("--steps and --max-prompt-tokens must be >= 1")
+    return run_profile_bench(args.json_out, args.batch_sizes, args.model, args.dtype, args.quantization, args.steps,
                              args.max_prompt_tokens)
 
 
@@ -197,8 +196,7 @@ def _bench_decode(args: argparse.Namespace) -> int:
 
 def _bench_offline(args: argparse.Namespace) -> int:
     from bench.engine.offline import run_offline_bench
-    sizes = [int(x) for x in args.hf_batch_sizes.split(",") if x]
-    return run_offline_bench(args.json_out, args.num_requests, args.dtype, sizes, args.max_num_seqs,
+    return run_offline_bench(args.json_out, args.num_requests, args.dtype, args.hf_batch_sizes, args.max_num_seqs,
                              args.max_num_batched_tokens, args.kv_cache_mib, args.engine_processes, args.threads,
                              args.quantization, args.kv_cache_dtype, args.dense_prefill)
 
@@ -212,12 +210,8 @@ def _bench_spec(args: argparse.Namespace) -> int:
     from bench.engine.spec import run_spec_bench
     if args.per_task < 1 or args.chat_requests < 1 or args.max_tokens < 2:
         raise UsageError("--per-task and --chat-requests must be >= 1, --max-tokens >= 2")
-    try:
-        sizes = [int(x) for x in args.batch_sizes.split(",") if x]
-    except ValueError:
-        raise UsageError(f"--batch-sizes must be integers separated by commas, got {args.batch_sizes!r}") from None
-    return run_spec_bench(args.json_out, args.dtype, args.per_task, args.chat_requests, args.max_tokens, sizes,
-                          args.draft_model, args.self_group_size, args.threads)
+    return run_spec_bench(args.json_out, args.dtype, args.per_task, args.chat_requests, args.max_tokens,
+                          args.batch_sizes, args.draft_model, args.self_group_size, args.threads)
 
 
 def _bench_gateway(args: argparse.Namespace) -> int:
@@ -234,6 +228,7 @@ def _bench_serve(args: argparse.Namespace) -> int:
     import os
 
     from bench.serving.serve import run_serve_bench
+    from bench.serving.server_url import check_server_url
     if args.num_requests < 1 or args.request_rate <= 0 or args.max_tokens < 1 or args.max_prompt_tokens < 1:
         raise UsageError("--num-requests, --request-rate, --max-tokens and --max-prompt-tokens must be positive")
     levels = _concurrency_levels(args.concurrency)
@@ -241,10 +236,13 @@ def _bench_serve(args: argparse.Namespace) -> int:
         raise UsageError("--warmup must be >= 0")
     api_key = args.api_key or os.environ.get("TIERGATE_API_KEY")
     headers, compare_headers = _parse_headers(args.header), _parse_headers(args.compare_header)
+    if args.compare and levels is None:
+        raise UsageError("--compare runs closed loop: give --concurrency (a level or a comma list)")
+    check_server_url(args.base_url, "--base-url")
+    if args.compare:
+        check_server_url(args.compare, "--compare")
     if args.compare or (levels is not None and len(levels) > 1):
         from bench.serving.compare import Target, run_sweep_bench
-        if levels is None:
-            raise UsageError("--compare runs closed loop: give --concurrency (a level or a comma list)")
         primary = Target(args.base_url, args.model, api_key, headers)
         compare = (Target(args.compare, args.compare_model, args.compare_api_key, compare_headers)
                    if args.compare else None)

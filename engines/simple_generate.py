@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from engines.attention.contiguous import ContiguousAttention
+from engines.errors import ContextLengthError
 from engines.model import LlamaForCausalLM
 
 
@@ -28,9 +29,22 @@ def generate_tokens(
     sampling: SimpleSampling,
     eos_ids: frozenset[int] = frozenset(),
 ) -> Iterator[int]:
-    """Yield generated token ids one by one (greedy when temperature is 0)."""
+    """Yield generated token ids one by one (greedy when temperature is 0).
+
+    The request is checked when this is called, not at the first token: the cache for the whole
+    request is allocated up front, so a request past the model's context must fail before that."""
     if not prompt_ids:
         raise ValueError("prompt must contain at least one token")
+    context = model.config.max_position_embeddings
+    if len(prompt_ids) + sampling.max_tokens > context:
+        raise ContextLengthError(
+            f"prompt ({len(prompt_ids)} tokens) plus max_tokens ({sampling.max_tokens}) exceeds the "
+            f"context length {context}", "max_tokens")
+    return _generate(model, prompt_ids, sampling, eos_ids)
+
+
+def _generate(model: LlamaForCausalLM, prompt_ids: list[int], sampling: SimpleSampling,
+              eos_ids: frozenset[int]) -> Iterator[int]:
     total = len(prompt_ids) + sampling.max_tokens
     device = model.embed_tokens.weight.device
     attn = ContiguousAttention(model.config, total, model.dtype, device)

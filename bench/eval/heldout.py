@@ -13,6 +13,9 @@ def heldout_sequences(tokenizer, chat_template, n: int = 24, max_tokens: int = 5
     """Token ids of the first human/gpt exchange of `n` held-out conversations (from record
     `start`; VALIDATION_START gives a slice for tuning that neither calibration nor the final
     evaluation reads)."""
+    if n < 1:
+        # len(out) == n would never hold: the scan would read the whole dataset for nothing.
+        raise ValueError(f"n must be >= 1, not {n}")
     out: list[list[int]] = []
     for index, record in enumerate(iter_sharegpt_records()):
         if index < start:

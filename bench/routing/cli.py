@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 
+from gateway.cli.output_paths import check_output_file
 from gateway.cli.usage_error import UsageError
 from policies.cascade import PER_TOKEN_SIGNALS
 
@@ -79,6 +80,7 @@ def _bench_routing_labels(args: argparse.Namespace) -> int:
     from bench.routing.workload import WorkloadCaps, WorkloadError
     if args.num_prompts < 1:
         raise UsageError("--num-prompts must be >= 1")
+    check_output_file(args.out, "--out")
     if not 1 <= args.min_reference_tokens <= args.max_reference_tokens or args.max_prompt_tokens < 1:
         raise UsageError("need 1 <= --min-reference-tokens <= --max-reference-tokens and --max-prompt-tokens >= 1")
     caps = WorkloadCaps(args.max_prompt_tokens, args.max_reference_tokens, args.min_reference_tokens)
@@ -95,6 +97,7 @@ def _bench_routing_train(args: argparse.Namespace) -> int:
     from bench.routing.workload import WorkloadError
     if not 0 < args.share < 1 or args.folds < 2 or args.min_prompts_per_feature < 1:
         raise UsageError("need 0 < --share < 1, --folds >= 2 and --min-prompts-per-feature >= 1")
+    check_output_file(args.out, "--out")
     rows = None
     if args.prefill_rows:
         try:

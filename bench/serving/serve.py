@@ -21,6 +21,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from bench.common import machine_info, percentiles, samples, write_json
+from gateway.cli.usage_error import UsageError
 
 REQUEST_TIMEOUT_S = 600.0
 
@@ -56,7 +57,15 @@ def load_serve_requests(n: int, max_prompt_tokens: int, max_tokens: int, seed: i
     ckpt = open_hf_checkpoint(resolve_checkpoint_dir("default"))
     tok = TextTokenizer.from_file(ckpt.tokenizer_json, ckpt.tokenizer_config, ckpt.config.eos_token_id)
     template = ChatTemplate(ckpt.tokenizer_config.get("chat_template"), tok.bos_token, tok.eos_token)
+    # The template around an empty question is the least any prompt takes: below it, scanning the
+    # dataset could only find nothing.
+    overhead = len(tok.encode(template.render([{"role": "user", "content": ""}])))
+    if overhead >= max_prompt_tokens:
+        raise UsageError(f"no prompt of the workload fits --max-prompt-tokens {max_prompt_tokens} (the chat "
+                         f"template alone takes {overhead} tokens)")
     picked = load_sharegpt_requests(tok, template, n, max_prompt_tokens, max_tokens, seed=seed)
+    if not picked:
+        raise UsageError(f"no prompt of the workload fits --max-prompt-tokens {max_prompt_tokens}")
     return [ServeRequest(r.request_id, r.question, r.output_len) for r in picked]
 
 
@@ -130,9 +139,7 @@ async def run_load(base_url: str, model: str | None, requests: list[ServeRequest
     timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
     async with aiohttp.ClientSession(headers=headers, connector=connector, timeout=timeout) as session:
         if model is None:
-            async with session.get(f"{base}/models") as listed:
-                listed.raise_for_status()
-                model = (await listed.json())["data"][0]["id"]
+            model = await _first_model(session, base)
         gate = asyncio.Semaphore(concurrency) if concurrency else None
         rng = random.Random(seed)
         columns = (TextColumn("bench serve"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
@@ -157,6 +164,17 @@ async def run_load(base_url: str, model: str | None, requests: list[ServeRequest
             results = await asyncio.gather(*tasks)
             elapsed = time.perf_counter() - started
     return summarize(model, results, elapsed)
+
+
+async def _first_model(session: aiohttp.ClientSession, base: str) -> str:
+    """The first model the server lists; a server that lists none is told apart from a failed run."""
+    try:
+        async with session.get(f"{base}/models") as listed:
+            listed.raise_for_status()
+            return (await listed.json(content_type=None))["data"][0]["id"]
+    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, LookupError, TypeError) as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise UsageError(f"could not read a model name from {base}/models ({reason}); give --model") from None
 
 
 def summarize(model: str, results: list[ServeResult], elapsed: float) -> dict:

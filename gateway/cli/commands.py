@@ -7,6 +7,7 @@ import logging
 import sys
 
 from engines.loaded_model import load_model
+from engines.sampling_params import InvalidRequestError
 from engines.simple_generate import SimpleSampling, generate_tokens
 from policies.config import load_config
 
@@ -46,7 +47,11 @@ def generate(args: argparse.Namespace) -> int:
     eos = loaded.tokenizer.eos_token_ids
     out: list[int] = []
     printed = ""
-    for token in generate_tokens(loaded.model, prompt_ids, sampling, eos):
+    try:
+        tokens = generate_tokens(loaded.model, prompt_ids, sampling, eos)
+    except InvalidRequestError as exc:
+        raise UsageError(str(exc)) from None
+    for token in tokens:
         if token in eos:
             break
         out.append(token)
@@ -68,7 +73,7 @@ def _generate_on_tier(name: str, settings, args: argparse.Namespace) -> int:
     """The tier's own engine, as `serve` builds it: its weights (quantization, dense prefill,
     dtype), KV dtype, speculative decoding and scheduler settings, so that the answer is the one
     the served tier gives a lone request."""
-    from engines.sampling_params import InvalidRequestError, SamplingParams
+    from engines.sampling_params import SamplingParams
     from gateway.cli.usage_error import UsageError
     from gateway.tiers.embedded_load import engine_on, load_tier_model
 

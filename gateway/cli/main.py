@@ -9,21 +9,31 @@ from pathlib import Path
 
 from engines.errors import ModelLoadError
 from engines.quantization.methods import ARTIFACT_METHODS, INT4_GROUP_SIZES
+from gateway.cli.arg_types import non_negative_float, port_number, positive_int
+from gateway.cli.output_paths import check_output_dir, check_output_file
 from gateway.cli.usage_error import UsageError
 from policies.config import ConfigError
 
 DEFAULT_CONFIG = "config/default.yaml"
 
 
+class _OneLineParser(argparse.ArgumentParser):
+    """argparse's errors, without the usage text before them: one line, as every other CLI error.
+    Subparsers are built from the parent's class, so every command gets it."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def _build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tiergate", description="LLM gateway with embedded inference engines")
+    parser = _OneLineParser(prog="tiergate", description="LLM gateway with embedded inference engines")
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="start the HTTP gateway")
     serve.add_argument("--config", default=DEFAULT_CONFIG)
     serve.add_argument("--host")
-    serve.add_argument("--port", type=int)
+    serve.add_argument("--port", type=port_number)
 
     gen = sub.add_parser("generate", help="answer one chat-templated prompt")
     gen.add_argument("prompt")
@@ -35,7 +45,7 @@ def _build_parser() -> argparse.ArgumentParser:
                                      "run as given (the tier's quantization is not applied)")
     gen.add_argument("--dtype", choices=["float32", "bfloat16"])
     gen.add_argument("--max-tokens", type=int, default=128)
-    gen.add_argument("--temperature", type=float, default=0.0)
+    gen.add_argument("--temperature", type=non_negative_float, default=0.0)
     gen.add_argument("--seed", type=int)
 
     check = sub.add_parser("check-config", help="validate a YAML config")
@@ -56,7 +66,7 @@ def _build_parser() -> argparse.ArgumentParser:
                           "int4-awq-g64, int4-awq-g128, int4-gptq-g64, int4-gptq-g128, fp8, kv-bf16, kv-int8, "
                           "kv-fp8, kv-int4, int4-gguf, int4-gguf-rtn (a GGUF's own Q4_K blocks), w4a8-gguf (the same "
                           "blocks with int8 activations)")
-    ppl.add_argument("--sequences", type=int, default=24)
+    ppl.add_argument("--sequences", type=positive_int, default=24)
     ppl.add_argument("--validation", action="store_true",
                      help="the tuning slice (records 8,000+) instead of the held-out one (12,000+)")
     ppl.add_argument("--no-speed", action="store_true", help="skip the decode tokens/s figures (most of the time)")
@@ -100,9 +110,21 @@ def _resolve_config(path: str) -> str:
     return path
 
 
+def _check_outputs(args: argparse.Namespace) -> None:
+    """Every command writes its --json and --report at the end, after the work: refuse a path it
+    could not write before the work starts."""
+    if getattr(args, "json_out", None):
+        check_output_file(args.json_out, "--json")
+    if getattr(args, "report_dir", None):
+        check_output_dir(args.report_dir, "--report")
+    if args.command == "quantize":
+        check_output_dir(args.out, "--out")
+
+
 def _dispatch(args: argparse.Namespace) -> int:
     if hasattr(args, "config"):
         args.config = _resolve_config(args.config)
+    _check_outputs(args)
     if args.command == "serve":
         from gateway.cli.commands import serve
         return serve(args.config, args.host, args.port)
@@ -131,6 +153,11 @@ def _dispatch(args: argparse.Namespace) -> int:
                             speed=not args.no_speed, model=args.model)
     if args.command == "hash-key":
         from policies.config import hash_api_key
+        try:
+            args.key.encode()
+        except UnicodeEncodeError:
+            # Bytes that are not UTF-8 reach argv as lone surrogates, which have no UTF-8 form.
+            raise UsageError("the key is not valid UTF-8 text") from None
         print(hash_api_key(args.key))
         return 0
     if args.command == "bench":
