@@ -13,7 +13,10 @@ from policies.config import load_config
 
 
 def check_config(path: str) -> int:
+    from gateway.cli.start_checks import check_can_start
+
     cfg = load_config(path)
+    check_can_start(cfg, path)
     print(f"{path}: ok ({len(cfg.tiers)} tiers, default {cfg.default_tier!r})")
     return 0
 
@@ -114,12 +117,8 @@ def serve(config_path: str, host: str | None, port: int | None) -> int:
     if not cfg.auth.enabled and not is_loopback(host):
         raise UsageError(f"auth is off in {config_path}: serving without API keys is allowed on loopback only, "
                          f"not on {host}")
-    from engines.loaders.bundled_models import bundled_model
-    for name, tier in cfg.tiers.items():
-        if getattr(tier, "kind", None) == "embedded" and bundled_model(tier.model) is None:
-            from pathlib import Path
-            if not Path(tier.model).expanduser().exists():
-                raise UsageError(f"tier {name}: model path not found: {tier.model}")
+    from gateway.cli.start_checks import check_can_start
+    check_can_start(cfg, config_path)
     # Model loads, tier readiness and per-request decisions are worth seeing at start.
     for name in ("engines", "gateway", "tiergate.requests"):
         logging.getLogger(name).setLevel(logging.INFO)
