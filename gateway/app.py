@@ -62,7 +62,8 @@ def build_app(holder: RuntimeHolder, reloader: ConfigReloader | None = None,
     admin = AdminAccess(holder, host or (reloader.host if reloader is not None else holder.current.config.server.host))
     console = ConsoleRecorder(holder)      # the operator console's view of the traffic (/console)
     pipeline.on_end.append(console.request_ended)
-    documents: dict[int, dict] = {}     # per config generation: a reload may change the model names
+    # By (config generation, the caller's model ids): a reload may change the names, tenants differ.
+    documents: dict[tuple[int, tuple[str, ...]], dict] = {}
     background: set[asyncio.Task] = set()
 
     async def healthz(_: Request) -> Response:
@@ -102,15 +103,23 @@ def build_app(holder: RuntimeHolder, reloader: ConfigReloader | None = None,
             return exc.response()
         return JSONResponse(_model_card(name))
 
-    async def openapi_json(_: Request) -> Response:
-        generation = holder.generation
-        if generation not in documents:
-            documents.clear()
-            config = holder.current.config
-            # With keys, each tenant sees only its own models: the document, open to all, names none.
-            documents[generation] = openapi_document([] if config.auth.enabled else list(config.models))
-            documents[generation]["paths"]["/metrics"] = METRICS_OPENAPI
-        return JSONResponse(documents[generation])
+    async def openapi_json(request: Request) -> Response:
+        """The document states the model ids the caller may use (a schema-driven client reaches the
+        tiers): every one without auth, its tenant's with a valid key, none to a caller without one
+        (it would learn other tenants' model ids)."""
+        rt = holder.current
+        try:
+            tenant, _ = rt.keys.authenticate(request.headers.get("authorization"))
+            models = tuple(rt.models_for(rt.tenant(tenant)))
+        except GatewayError:
+            models = ()
+        key = (holder.generation, models)
+        if key not in documents:
+            if len(documents) > 64 or any(generation != holder.generation for generation, _ in documents):
+                documents.clear()
+            documents[key] = openapi_document(list(models))
+            documents[key]["paths"]["/metrics"] = METRICS_OPENAPI
+        return JSONResponse(documents[key])
 
     async def http_error(_: Request, exc: HTTPException) -> Response:
         response = error_response(exc.status_code, exc.detail or "error",

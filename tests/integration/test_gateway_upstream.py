@@ -237,12 +237,20 @@ def test_health_ready_openapi(gw):
     assert {"messages", "max_completion_tokens", "logprobs", "top_logprobs", "stream_options", "seed", "n",
             "stop", "user"} <= set(chat_schema["properties"])
     # What the validators enforce is stated, so a schema-driven client reaches the tiers: the
-    # numeric bounds. With keys on, the document (read without one) names no model: each tenant
-    # has its own list, in /v1/models.
+    # model ids the caller may use as an enum, and the numeric bounds. Without a key the document
+    # names no model (keys are on here: it would tell other tenants' model ids).
     assert gw.runtime.config.auth.enabled
     for request in ("ChatCompletionRequest", "CompletionRequest"):
         model = doc["components"]["schemas"][request]["properties"]["model"]
         assert "enum" not in model and model["type"] == "string"
+    seen = []
+    for key in (APP_KEY, BATCH_KEY):        # with a key: that tenant's own model ids
+        mine = httpx.get(f"{gw.base}/openapi.json", headers={"authorization": f"Bearer {key}"}).json()
+        listed = {m.id for m in _client(gw, key=key).models.list()}
+        for request in ("ChatCompletionRequest", "CompletionRequest"):
+            assert set(mine["components"]["schemas"][request]["properties"]["model"]["enum"]) == listed
+        seen.append(listed)
+    assert seen[0] != seen[1]
     top_k = chat_schema["properties"]["top_k"]["anyOf"][0]
     assert (top_k["minimum"], top_k["maximum"]) == (-1, 2 ** 31 - 1)
     nf = httpx.get(f"{gw.base}/v2/nothing")
