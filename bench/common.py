@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import os
 import platform
 import statistics
@@ -11,6 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from gateway.finite_json import finite
 
 
 def machine_info() -> dict[str, Any]:
@@ -47,18 +48,8 @@ def samples(values: list[float], digits: int = 2) -> list[float]:
 
 
 def write_json(path: str | Path, report: dict[str, Any]) -> None:
-    """NaN and infinities (the percentiles of no sample) are written as null: json.dumps would
-    write NaN and Infinity, which are not JSON and which strict readers refuse."""
+    """NaN and infinities (the percentiles of no sample) are written as null (gateway/finite_json.py)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(_finite(report), indent=2, allow_nan=False) + "\n")
+    path.write_text(json.dumps(finite(report), indent=2, allow_nan=False) + "\n")
 
-
-def _finite(value: Any) -> Any:
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {key: _finite(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(item) for item in value]
-    return value

@@ -105,7 +105,7 @@ class BlockManager:
         """
         hits = self._lookup_prefix(seq)
         new_needed = self.blocks_needed(seq.num_tokens) - len(hits)
-        if not self._fits(hits, new_needed, headroom_blocks):
+        if len(self._free) - self._hits_now_free(hits) - new_needed < headroom_blocks:
             return False
         for block_id in hits:
             self._take_ref(block_id)
@@ -118,10 +118,6 @@ class BlockManager:
         self.prefix_hit_tokens += seq.num_computed_tokens
         return True
 
-    def can_admit(self, seq: Sequence, headroom_blocks: int = 0) -> bool:
-        """Whether try_admit would succeed now (allocates nothing)."""
-        return len(self._free) - self.blocks_to_admit(seq) >= headroom_blocks
-
     def blocks_to_admit(self, seq: Sequence) -> int:
         """Free blocks admitting `seq` now would take: its new blocks, and the cached prefix
         blocks it reuses that nobody holds (they sit in the free list)."""
@@ -132,10 +128,8 @@ class BlockManager:
         """Blocks that freeing `seq` would return to the free list (those no other sequence holds)."""
         return sum(1 for b in seq.block_table if self.blocks[b].ref_count == 1)
 
-    def _fits(self, hits: list[int], new_needed: int, headroom_blocks: int) -> bool:
-        return len(self._free) - self._hits_now_free(hits) - new_needed >= headroom_blocks
-
     def _hits_now_free(self, hits: list[int]) -> int:
+        # A cached block nobody holds sits in the free list: reusing it takes it from there.
         return sum(1 for b in hits if self.blocks[b].ref_count == 0)
 
     def try_grow(self, seq: Sequence, num_tokens: int) -> bool:

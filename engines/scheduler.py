@@ -135,7 +135,7 @@ class Scheduler:
         # are exactly the ones still in `queue`: nobody is preempted for one that comes after it.
         queue = deque(self.running)
         num_running = len(self.running)
-        reserve = self._reserve_for_head()
+        reserve = self._reserve_for_head() if self.lookahead is not None else 0
         kept: list[Sequence] = []
         while queue:
             seq = queue.popleft()

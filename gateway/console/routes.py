@@ -22,6 +22,7 @@ from starlette.routing import Route
 from gateway.admin_access import AdminAccess
 from gateway.console.state import DECISIONS, ConsoleState
 from gateway.errors import GatewayError
+from gateway.finite_json import finite
 
 _CONTENT_TYPES = {"index.html": "text/html; charset=utf-8", "console.js": "text/javascript; charset=utf-8",
                   "console.css": "text/css; charset=utf-8"}
@@ -37,22 +38,11 @@ def _static() -> dict[str, bytes]:
     return {name: (folder / name).read_bytes() for name in _CONTENT_TYPES}
 
 
-def _clean(value):
-    """Non-finite floats as null: JSON has no NaN, and the page's JSON.parse would refuse it."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: _clean(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_clean(v) for v in value]
-    return value
-
-
 def encode(document: dict) -> bytes:
     try:
         return json.dumps(document, allow_nan=False, separators=(",", ":")).encode()
     except ValueError:
-        return json.dumps(_clean(document), allow_nan=False, separators=(",", ":")).encode()
+        return json.dumps(finite(document), allow_nan=False, separators=(",", ":")).encode()
 
 
 def _number(request: Request, name: str, low: float, high: float) -> float | None:

@@ -8,6 +8,7 @@ llguidance's own."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 
@@ -59,15 +60,23 @@ def _compiler(tok, **kwargs) -> HeldCompiler:
     return compiler
 
 
+@contextlib.contextmanager
+def _behind_hold(compiler: HeldCompiler):
+    """The worker held on HOLD while the block queues jobs (into the list it gets); then let go,
+    and every job waited for."""
+    jobs = [compiler.submit(HOLD)]
+    assert compiler.holding.wait(30)
+    yield jobs
+    compiler.release.set()
+    for job in jobs:
+        job.result(30)
+
+
 def test_a_short_spec_is_compiled_before_longer_ones_queued_ahead_of_it(tok):
     compiler = _compiler(tok)
     try:
-        held = compiler.submit(HOLD)
-        assert compiler.holding.wait(30)
-        big, small = compiler.submit(BIG), compiler.submit(SMALL)
-        compiler.release.set()
-        for job in (held, big, small):
-            job.result(30)
+        with _behind_hold(compiler) as jobs:
+            jobs += [compiler.submit(BIG), compiler.submit(SMALL)]
         assert compiler.done == ["guided_regex", "guided_choice", "big"]
     finally:
         compiler.shutdown()
@@ -78,12 +87,8 @@ def test_a_cached_spec_goes_before_a_short_new_one(tok):
     try:
         compiler.submit(BIG).result(30)             # compiled once: cached
         compiler.done.clear()
-        held = compiler.submit(HOLD)
-        assert compiler.holding.wait(30)
-        small, big = compiler.submit(SMALL), compiler.submit(BIG)
-        compiler.release.set()
-        for job in (held, small, big):
-            job.result(30)
+        with _behind_hold(compiler) as jobs:
+            jobs += [compiler.submit(SMALL), compiler.submit(BIG)]
         assert compiler.done == ["guided_regex", "big", "guided_choice"]
     finally:
         compiler.shutdown()
@@ -115,14 +120,10 @@ def test_a_compile_that_never_started_in_time_is_a_busy_error_and_leaves_the_que
 def test_a_long_spec_goes_before_short_ones_sent_after_its_delay(tok):
     compiler = _compiler(tok)
     try:
-        held = compiler.submit(HOLD)
-        assert compiler.holding.wait(30)
-        big = compiler.submit(BIG)
-        time.sleep(len(BIG.text) * QUEUE_DELAY_PER_CHAR_S + 0.05)     # its delay has passed
-        small = compiler.submit(SMALL)
-        compiler.release.set()
-        for job in (held, big, small):
-            job.result(30)
+        with _behind_hold(compiler) as jobs:
+            jobs.append(compiler.submit(BIG))
+            time.sleep(len(BIG.text) * QUEUE_DELAY_PER_CHAR_S + 0.05)     # its delay has passed
+            jobs.append(compiler.submit(SMALL))
         assert compiler.done == ["guided_regex", "big", "guided_choice"]
     finally:
         compiler.shutdown()

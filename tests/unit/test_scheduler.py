@@ -3,60 +3,44 @@
 from __future__ import annotations
 
 from engines.block_manager import BlockManager
-from engines.sampling_params import SamplingParams
 from engines.scheduler import Scheduler
-from engines.sequence import Sequence, SeqStatus
+from engines.sequence import SeqStatus
+from tests.scheduler_steps import make_seq, run_step
 
 BS = 4
 
 
-def _seq(rid, n_prompt, priority=0, arrival=0.0):
-    base = 100 * sum(map(ord, rid))               # distinct prompts per id, no shared prefix
-    return Sequence(rid, list(range(base, base + n_prompt)), SamplingParams(max_tokens=50),
-                    priority=priority, arrival=arrival)
-
-
-def _run_step(sched: Scheduler):
-    """Pretend the model ran: mark tokens computed and sample one token where due."""
-    out = sched.schedule()
-    for s in out.scheduled:
-        s.seq.num_computed_tokens += s.num_tokens
-        if s.samples:
-            s.seq.output_ids.append(7)
-    return out
-
-
 def test_token_budget_chunks_long_prompts():
     sched = Scheduler(BlockManager(64, BS, enable_prefix_caching=False), max_num_seqs=8, max_num_batched_tokens=10)
-    sched.add(_seq("long", 25, arrival=0))
-    sched.add(_seq("short", 3, arrival=1))
-    first = _run_step(sched)
+    sched.add(make_seq("long", 25, arrival=0))
+    sched.add(make_seq("short", 3, arrival=1))
+    first = run_step(sched)
     assert [(s.seq.request_id, s.num_tokens) for s in first.scheduled] == [("long", 10)]
-    second = _run_step(sched)
+    second = run_step(sched)
     assert [(s.seq.request_id, s.num_tokens) for s in second.scheduled] == [("long", 10)]
-    third = _run_step(sched)                       # 5 left of the prompt, then the short one joins
+    third = run_step(sched)                       # 5 left of the prompt, then the short one joins
     assert [(s.seq.request_id, s.num_tokens) for s in third.scheduled] == [("long", 5), ("short", 3)]
     assert third.num_tokens <= 10
-    fourth = _run_step(sched)                      # both decode now: one token each
+    fourth = run_step(sched)                      # both decode now: one token each
     assert [s.num_tokens for s in fourth.scheduled] == [1, 1]
 
 
 def test_priority_then_arrival_order_for_admission():
     sched = Scheduler(BlockManager(64, BS), max_num_seqs=1, max_num_batched_tokens=100)
-    sched.add(_seq("late-urgent", 3, priority=-1, arrival=5))
-    sched.add(_seq("early", 3, priority=0, arrival=1))
-    sched.add(_seq("earliest", 3, priority=0, arrival=0))
-    assert [s.seq.request_id for s in _run_step(sched).scheduled] == ["late-urgent"]
+    sched.add(make_seq("late-urgent", 3, priority=-1, arrival=5))
+    sched.add(make_seq("early", 3, priority=0, arrival=1))
+    sched.add(make_seq("earliest", 3, priority=0, arrival=0))
+    assert [s.seq.request_id for s in run_step(sched).scheduled] == ["late-urgent"]
     assert [s.request_id for s in sched.waiting] == ["earliest", "early"]
 
 
 def test_admission_keeps_headroom_and_is_first_come_first_served():
     bm = BlockManager(6, BS, enable_prefix_caching=False)
     sched = Scheduler(bm, max_num_seqs=8, max_num_batched_tokens=100, headroom_blocks=2)
-    sched.add(_seq("a", 12, arrival=0))            # 3 blocks: 3 free afterwards >= 2
-    sched.add(_seq("b", 8, arrival=1))             # 2 blocks: would leave 1 < 2 -> waits
-    sched.add(_seq("c", 1, arrival=2))             # would fit, but may not overtake b
-    out = _run_step(sched)
+    sched.add(make_seq("a", 12, arrival=0))            # 3 blocks: 3 free afterwards >= 2
+    sched.add(make_seq("b", 8, arrival=1))             # 2 blocks: would leave 1 < 2 -> waits
+    sched.add(make_seq("c", 1, arrival=2))             # would fit, but may not overtake b
+    out = run_step(sched)
     assert [s.seq.request_id for s in out.scheduled] == ["a"]
     assert sched.num_waiting == 2
 
@@ -64,15 +48,15 @@ def test_admission_keeps_headroom_and_is_first_come_first_served():
 def test_preemption_takes_the_newest_and_blocks_admission_that_step():
     bm = BlockManager(4, BS, enable_prefix_caching=False)
     sched = Scheduler(bm, max_num_seqs=8, max_num_batched_tokens=100, headroom_blocks=0)
-    old, new = _seq("old", 4, arrival=0), _seq("new", 4, arrival=1)
+    old, new = make_seq("old", 4, arrival=0), make_seq("new", 4, arrival=1)
     sched.add(old)
     sched.add(new)
-    _run_step(sched)                               # both prefilled: 2 blocks used
-    _run_step(sched)                               # both need a second block: 4 used
+    run_step(sched)                               # both prefilled: 2 blocks used
+    run_step(sched)                               # both need a second block: 4 used
     for _ in range(3):
-        _run_step(sched)                           # fill the second blocks
-    sched.add(_seq("waiting", 1, arrival=2))
-    out = _run_step(sched)                         # old needs a 3rd block: none free
+        run_step(sched)                           # fill the second blocks
+    sched.add(make_seq("waiting", 1, arrival=2))
+    out = run_step(sched)                         # old needs a 3rd block: none free
     assert [s.request_id for s in out.preempted] == ["new"]
     assert new.status is SeqStatus.WAITING and new.num_computed_tokens == 0 and not new.block_table
     assert [s.seq.request_id for s in out.scheduled] == ["old"]   # no admission in this step
@@ -83,9 +67,9 @@ def test_preemption_takes_the_newest_and_blocks_admission_that_step():
 def test_remove_frees_blocks_at_once():
     bm = BlockManager(8, BS)
     sched = Scheduler(bm, max_num_seqs=8, max_num_batched_tokens=100)
-    seq = _seq("x", 9)
+    seq = make_seq("x", 9)
     sched.add(seq)
-    _run_step(sched)
+    run_step(sched)
     assert bm.num_free_blocks < 8
     sched.remove(seq)
     assert bm.num_free_blocks == 8 and seq.status is SeqStatus.FINISHED and not sched.has_work()

@@ -7,26 +7,11 @@ head's blocks (real block manager, no model)."""
 from __future__ import annotations
 
 from engines.block_manager import BlockManager
-from engines.sampling_params import SamplingParams
 from engines.scheduler import Scheduler
-from engines.sequence import RANK_SPACING_S, Sequence, SeqStatus
+from engines.sequence import RANK_SPACING_S, SeqStatus
+from tests.scheduler_steps import make_seq, run_step
 
 BS = 4
-
-
-def _seq(rid, n_prompt, priority=0, rank=0, arrival=0.0):
-    base = 100 * sum(map(ord, rid))               # distinct prompts per id, no shared prefix
-    return Sequence(rid, list(range(base, base + n_prompt)), SamplingParams(max_tokens=50),
-                    priority=priority, rank=rank, arrival=arrival)
-
-
-def _run_step(sched: Scheduler):
-    out = sched.schedule()
-    for s in out.scheduled:
-        s.seq.num_computed_tokens += s.num_tokens
-        if s.samples:
-            s.seq.output_ids.append(7)
-    return out
 
 
 def _ids(seqs):
@@ -36,16 +21,16 @@ def _ids(seqs):
 def test_a_first_choice_takes_the_seat_of_another_requests_last_choice():
     sched = Scheduler(BlockManager(64, BS), max_num_seqs=4, max_num_batched_tokens=100)
     for rank in range(4):                          # one request, four choices: every seat
-        sched.add(_seq(f"big-{rank}", 3, rank=rank, arrival=0))
-    _run_step(sched)
-    _run_step(sched)
-    sched.add(_seq("other", 3, arrival=1))
-    out = _run_step(sched)
+        sched.add(make_seq(f"big-{rank}", 3, rank=rank, arrival=0))
+    run_step(sched)
+    run_step(sched)
+    sched.add(make_seq("other", 3, arrival=1))
+    out = run_step(sched)
     assert _ids(out.preempted) == ["big-3"]
     assert "other" in _ids(s.seq for s in out.scheduled)       # admitted in the same step
     assert _ids(sched.running) == ["big-0", "big-1", "big-2", "other"]
     for _ in range(3):                             # and it stays that way: no back and forth
-        out = _run_step(sched)
+        out = run_step(sched)
         assert not out.preempted
         assert _ids(sched.running) == ["big-0", "big-1", "big-2", "other"]
     assert [s.request_id for s in sched.waiting] == ["big-3"]
@@ -54,11 +39,11 @@ def test_a_first_choice_takes_the_seat_of_another_requests_last_choice():
 
 def test_equal_first_choices_wait_their_turn():
     sched = Scheduler(BlockManager(64, BS), max_num_seqs=2, max_num_batched_tokens=100)
-    sched.add(_seq("a", 3, arrival=0))
-    sched.add(_seq("b", 3, arrival=1))
-    _run_step(sched)
-    sched.add(_seq("c", 3, arrival=2))             # later, same priority and rank: no preemption
-    out = _run_step(sched)
+    sched.add(make_seq("a", 3, arrival=0))
+    sched.add(make_seq("b", 3, arrival=1))
+    run_step(sched)
+    sched.add(make_seq("c", 3, arrival=2))             # later, same priority and rank: no preemption
+    out = run_step(sched)
     assert not out.preempted
     assert _ids(sched.running) == ["a", "b"]
     assert sched.waiting[0].status is SeqStatus.WAITING
@@ -66,11 +51,11 @@ def test_equal_first_choices_wait_their_turn():
 
 def test_a_higher_priority_takes_the_seat_of_the_lowest():
     sched = Scheduler(BlockManager(64, BS), max_num_seqs=2, max_num_batched_tokens=100)
-    sched.add(_seq("low-old", 3, priority=1, arrival=0))
-    sched.add(_seq("low-new", 3, priority=1, arrival=1))
-    _run_step(sched)
-    sched.add(_seq("urgent", 3, priority=0, arrival=2))
-    out = _run_step(sched)
+    sched.add(make_seq("low-old", 3, priority=1, arrival=0))
+    sched.add(make_seq("low-new", 3, priority=1, arrival=1))
+    run_step(sched)
+    sched.add(make_seq("urgent", 3, priority=0, arrival=2))
+    out = run_step(sched)
     assert _ids(out.preempted) == ["low-new"]
     assert _ids(sched.running) == ["low-old", "urgent"]
 
@@ -79,11 +64,11 @@ def test_full_blocks_are_freed_from_the_last_in_order_until_the_newcomer_fits():
     bm = BlockManager(8, BS, enable_prefix_caching=False)
     sched = Scheduler(bm, max_num_seqs=8, max_num_batched_tokens=100, headroom_blocks=0)
     for rank in range(4):                          # 7 tokens and the first output: 2 blocks each
-        sched.add(_seq(f"big-{rank}", 7, rank=rank, arrival=0))
-    _run_step(sched)
+        sched.add(make_seq(f"big-{rank}", 7, rank=rank, arrival=0))
+    run_step(sched)
     assert bm.num_free_blocks == 0
-    sched.add(_seq("other", 7, arrival=1))         # needs 2 blocks; the others need no more this step
-    out = _run_step(sched)
+    sched.add(make_seq("other", 7, arrival=1))         # needs 2 blocks; the others need no more this step
+    out = run_step(sched)
     assert _ids(out.preempted) == ["big-3"]
     assert "other" in _ids(s.seq for s in out.scheduled)
     bm.check_invariants(sched.running)
@@ -92,13 +77,13 @@ def test_full_blocks_are_freed_from_the_last_in_order_until_the_newcomer_fits():
 def test_a_sequence_out_of_blocks_preempts_the_highest_rank_not_the_newest():
     bm = BlockManager(6, BS, enable_prefix_caching=False)
     sched = Scheduler(bm, max_num_seqs=8, max_num_batched_tokens=100, headroom_blocks=0)
-    sched.add(_seq("big-0", 4, rank=0, arrival=0))
-    sched.add(_seq("big-5", 4, rank=5, arrival=0))
-    _run_step(sched)
-    sched.add(_seq("other", 4, arrival=1))
-    _run_step(sched)                               # all three prefilled: 3 blocks, one token out each
+    sched.add(make_seq("big-0", 4, rank=0, arrival=0))
+    sched.add(make_seq("big-5", 4, rank=5, arrival=0))
+    run_step(sched)
+    sched.add(make_seq("other", 4, arrival=1))
+    run_step(sched)                               # all three prefilled: 3 blocks, one token out each
     for _ in range(4):
-        out = _run_step(sched)                     # each needs a second block: one of them must go
+        out = run_step(sched)                     # each needs a second block: one of them must go
         if out.preempted:
             break
     assert _ids(out.preempted) == ["big-5"]
@@ -110,14 +95,14 @@ def test_a_later_choice_counts_as_arriving_later_but_not_for_ever():
     """Choice k of a request counts as arriving k x RANK_SPACING_S after it: a request that came
     sooner than that takes its seat, one that came later waits its turn."""
     sched = Scheduler(BlockManager(64, BS), max_num_seqs=2, max_num_batched_tokens=100)
-    sched.add(_seq("big-0", 3, rank=0, arrival=0))
-    sched.add(_seq("big-1", 3, rank=1, arrival=0))
-    _run_step(sched)
-    sched.add(_seq("late", 3, arrival=RANK_SPACING_S + 0.1))
-    out = _run_step(sched)
+    sched.add(make_seq("big-0", 3, rank=0, arrival=0))
+    sched.add(make_seq("big-1", 3, rank=1, arrival=0))
+    run_step(sched)
+    sched.add(make_seq("late", 3, arrival=RANK_SPACING_S + 0.1))
+    out = run_step(sched)
     assert not out.preempted and _ids(sched.running) == ["big-0", "big-1"]
-    sched.add(_seq("soon", 3, arrival=RANK_SPACING_S - 0.1))
-    out = _run_step(sched)
+    sched.add(make_seq("soon", 3, arrival=RANK_SPACING_S - 0.1))
+    out = run_step(sched)
     assert _ids(out.preempted) == ["big-1"] and _ids(sched.running) == ["big-0", "soon"]
 
 
@@ -126,14 +111,14 @@ def test_out_of_blocks_the_last_in_order_goes_even_if_admitted_after_the_one_gro
     served first, and the lower one is what a shortage of blocks preempts."""
     bm = BlockManager(5, BS, enable_prefix_caching=False)
     sched = Scheduler(bm, max_num_seqs=8, max_num_batched_tokens=100, headroom_blocks=0)
-    low, high = _seq("low", 4, priority=1, arrival=0), _seq("high", 4, priority=0, arrival=1)
+    low, high = make_seq("low", 4, priority=1, arrival=0), make_seq("high", 4, priority=0, arrival=1)
     sched.add(low)
-    _run_step(sched)
+    run_step(sched)
     sched.add(high)
-    _run_step(sched)
+    run_step(sched)
     assert [s.request_id for s in sched.running] == ["high", "low"]
     for _ in range(12):
-        out = _run_step(sched)
+        out = run_step(sched)
         assert "high" not in _ids(out.preempted)
         if out.preempted:
             break
@@ -144,11 +129,11 @@ def test_out_of_blocks_the_last_in_order_goes_even_if_admitted_after_the_one_gro
 def test_nobody_is_preempted_for_a_head_that_would_not_fit_anyway():
     bm = BlockManager(10, BS, enable_prefix_caching=False)
     sched = Scheduler(bm, max_num_seqs=8, max_num_batched_tokens=200, headroom_blocks=0)
-    sched.add(_seq("first", 15, priority=0, arrival=0))     # 4 blocks, comes before the head
-    sched.add(_seq("low", 7, priority=5, arrival=0))        # 2 blocks, after it
-    _run_step(sched)
-    sched.add(_seq("head", 40, priority=1, arrival=1))      # 10 blocks: more than low could free
-    out = _run_step(sched)
+    sched.add(make_seq("first", 15, priority=0, arrival=0))     # 4 blocks, comes before the head
+    sched.add(make_seq("low", 7, priority=5, arrival=0))        # 2 blocks, after it
+    run_step(sched)
+    sched.add(make_seq("head", 40, priority=1, arrival=1))      # 10 blocks: more than low could free
+    out = run_step(sched)
     assert not out.preempted and _ids(sched.running) == ["first", "low"]
 
 
@@ -157,10 +142,10 @@ def test_draft_slots_leave_the_blocks_the_head_needs_for_a_free_seat():
     sched = Scheduler(bm, max_num_seqs=8, max_num_batched_tokens=200, headroom_blocks=0,
                       lookahead=lambda seq, running: 4)
     for rank in range(4):
-        sched.add(_seq(f"big-{rank}", 5, rank=rank, arrival=0))
-    _run_step(sched)                               # 2 blocks each: 4 free
-    sched.add(_seq("other", 13, arrival=10))       # needs those 4
-    out = _run_step(sched)
+        sched.add(make_seq(f"big-{rank}", 5, rank=rank, arrival=0))
+    run_step(sched)                               # 2 blocks each: 4 free
+    sched.add(make_seq("other", 13, arrival=10))       # needs those 4
+    out = run_step(sched)
     assert "other" in _ids(s.seq for s in out.scheduled)
     assert all(s.num_lookahead == 0 for s in out.scheduled)
     assert not out.preempted
