@@ -41,6 +41,7 @@ class HTTPConnection(asyncio.Protocol):
         self._error: BaseException | None = None
         self._buffered = 0             # bytes in self.chunks
         self._paused = False
+        self._expiry: asyncio.TimerHandle | None = None
         self._reset(head_request=False)
 
     # ---- asyncio.Protocol ---------------------------------------------------------------
@@ -51,6 +52,12 @@ class HTTPConnection(asyncio.Protocol):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def data_received(self, data: bytes) -> None:
+        if self.done and self.status is not None:
+            # Bytes after a complete answer belong to no request: parsed as the next request's
+            # answer they would hand one caller (one tenant) the reply to another's request.
+            self.closed = True
+            self._fail(ProtocolError("bytes after the end of the answer"))
+            return
         self._buf += data
         self._got_bytes = True
         try:
@@ -70,6 +77,7 @@ class HTTPConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self.closed = True
+        self.cancel_expiry()
         if not self.done:
             self._fail(exc or (ClosedBeforeAnswer("closed before answering") if not self._got_bytes
                                else ConnectionResetError("the server closed the connection mid-answer")))
@@ -124,8 +132,18 @@ class HTTPConnection(asyncio.Protocol):
 
     def close(self) -> None:
         self.closed = True
+        self.cancel_expiry()
         if self.transport is not None:
             self.transport.close()
+
+    def expire_after(self, seconds: float, callback) -> None:
+        self.cancel_expiry()
+        self._expiry = asyncio.get_running_loop().call_later(seconds, callback)
+
+    def cancel_expiry(self) -> None:
+        if self._expiry is not None:
+            self._expiry.cancel()
+            self._expiry = None
 
     def reusable(self) -> bool:
         return self.done and self.keep_alive and not self.closed and not self._buf

@@ -10,6 +10,7 @@ Requests in, httpx Responses out, httpx's timeouts and exception types.
 from __future__ import annotations
 
 import asyncio
+import select
 import ssl
 import time
 from collections.abc import AsyncIterator
@@ -19,10 +20,14 @@ import httpx
 from gateway.tiers.http_conn import ClosedBeforeAnswer, HTTPConnection, ProtocolError
 
 _READ_ERRORS = (OSError, ProtocolError, ValueError)
+# Below the 5 s idle timeout of uvicorn, which vLLM and SGLang serve with: a connection is not
+# reused at the moment its server may be closing it, since a request sent then is not retried.
+KEEPALIVE_EXPIRY_S = 4.0
 
 
 class PooledTransport(httpx.AsyncBaseTransport):
-    def __init__(self, max_connections: int = 256, verify: bool = True, keepalive_expiry: float = 30.0):
+    def __init__(self, max_connections: int = 256, verify: bool = True,
+                 keepalive_expiry: float = KEEPALIVE_EXPIRY_S):
         self._idle: dict[tuple, list[HTTPConnection]] = {}
         self._slots = asyncio.Semaphore(max_connections)
         self.in_use = 0          # slots held: requests sent whose answer has not been read or closed yet
@@ -42,13 +47,10 @@ class PooledTransport(httpx.AsyncBaseTransport):
             raise httpx.PoolTimeout("no free upstream connection in time", request=request) from None
         self.in_use += 1
         try:
-            conn = self._pop_idle(key)
-            if conn is not None:
-                try:
-                    return await self._exchange(conn, key, payload, request, timeouts)
-                except ClosedBeforeAnswer:
-                    pass    # the server dropped the idle connection: a fresh one is safe to try
-            conn = await self._connect(key, timeouts, request)
+            # A request once written is never sent again: the server may have read it and be
+            # generating (a second answer would be billed twice). Only connections that show no
+            # sign of being closed or of holding stray bytes are reused.
+            conn = self._pop_idle(key) or await self._connect(key, timeouts, request)
             try:
                 return await self._exchange(conn, key, payload, request, timeouts)
             except ClosedBeforeAnswer as exc:
@@ -70,7 +72,8 @@ class PooledTransport(httpx.AsyncBaseTransport):
         now = time.monotonic()
         while conns:
             conn = conns.pop()
-            if not conn.closed and now - conn.last_used < self._expiry:
+            conn.cancel_expiry()
+            if conn.reusable() and now - conn.last_used < self._expiry and not _readable(conn):
                 return conn
             conn.close()
         return None
@@ -80,9 +83,17 @@ class PooledTransport(httpx.AsyncBaseTransport):
         if conn.reusable():
             conn.last_used = time.monotonic()
             self._idle.setdefault(key, []).append(conn)
+            conn.expire_after(self._expiry, lambda: self._expire(key, conn))
         else:
             conn.close()
         self._release_slot()
+
+    def _expire(self, key: tuple, conn: HTTPConnection) -> None:
+        """An idle connection past its expiry is closed, not left open until the next request."""
+        conns = self._idle.get(key)
+        if conns and conn in conns:
+            conns.remove(conn)
+        conn.close()
 
     def _release_slot(self) -> None:
         self.in_use -= 1
@@ -158,6 +169,15 @@ def _request_head(request: httpx.Request, body: bytes) -> bytes:
     if not has_length and (body or request.method in ("POST", "PUT", "PATCH")):
         lines.append(b"Content-Length: %d" % len(body))
     return b"\r\n".join(lines) + b"\r\n\r\n"
+
+
+def _readable(conn: HTTPConnection) -> bool:
+    """An idle connection's socket with something to read holds the server's close or stray bytes
+    not yet seen by the event loop; either way it must not carry the next request."""
+    sock = conn.transport.get_extra_info("socket") if conn.transport is not None else None
+    if sock is None or sock.fileno() < 0:
+        return True
+    return bool(select.select([sock.fileno()], [], [], 0)[0])
 
 
 def _unverified_context() -> ssl.SSLContext:

@@ -1,6 +1,7 @@
 """The gateway's HTTP/1.1 pool (an httpx transport) against raw servers that answer in each
 framing: content-length, chunked, read-to-close; keep-alive reuse, a stale idle connection,
-timeouts, and a body closed early. httpx's own transport runs the same checks."""
+stray bytes after an answer, a request never sent twice, idle expiry, timeouts, and a body
+closed early. httpx's own transport runs the same checks."""
 
 from __future__ import annotations
 
@@ -51,6 +52,7 @@ class RawServer:
         finally:
             writer.close()
             if self.close_after_each:
+                await writer.wait_closed()
                 self.closed_by_server.set()
 
     async def stop(self) -> None:
@@ -173,5 +175,53 @@ async def test_answers_arriving_in_small_pieces_are_reassembled(transport):
     assert (await _post(transport, url)).content == body
     assert (await _post(transport, url)).content == b"x" * 1000
     assert server.connections == 1
+    await transport.aclose()
+    await server.stop()
+
+
+async def test_bytes_after_an_answer_never_answer_the_next_request(transport):
+    """A server that writes a second, unrequested answer on a kept-alive connection: the next
+    request (another tenant's, in the gateway) must get its own answer, never the stray one."""
+    async def answer_then_stray(reader, writer):
+        writer.write(_ok(b"first"))
+        await writer.drain()
+        await asyncio.sleep(0.2)
+        writer.write(_ok(b"stray answer to the first request"))
+        await writer.drain()
+
+    server = RawServer([answer_then_stray, _ok(b"second")])
+    url = await server.start()
+    assert (await _post(transport, url)).content == b"first"
+    await asyncio.sleep(0.5)                                     # the stray bytes have arrived
+    assert (await _post(transport, url, b"second body")).content == b"second"
+    assert server.connections == 2
+    await transport.aclose()
+    await server.stop()
+
+
+async def test_a_written_request_is_not_sent_again(transport):
+    """The server reads the second request on a reused connection and dies without answering:
+    it may have been generating, so the request fails instead of being replayed (billed twice)."""
+    async def read_then_die(reader, writer):
+        await asyncio.sleep(0.2)
+        return "closed"
+
+    server = RawServer([_ok(b"first"), read_then_die, _ok(b"unexpected")])
+    url = await server.start()
+    assert (await _post(transport, url)).content == b"first"
+    with pytest.raises(httpx.RemoteProtocolError):
+        await _post(transport, url, b"second body")
+    assert len(server.requests) == 2
+    await transport.aclose()
+    await server.stop()
+
+
+async def test_idle_connections_close_at_their_expiry():
+    transport = PooledTransport(4, keepalive_expiry=0.3)
+    server = RawServer([_ok(b"one")])
+    url = await server.start()
+    assert (await _post(transport, url)).content == b"one"
+    await asyncio.wait_for(server.closed_by_client.wait(), 5)    # closed with no further request
+    assert transport._idle[next(iter(transport._idle))] == []
     await transport.aclose()
     await server.stop()
