@@ -2,14 +2,14 @@
 budget scopes seen lately. In memory for one gateway, in Redis when the limits' store is Redis,
 so that every replica's console shows what all replicas saw.
 
-Bounded everywhere: a capped list per breaker, one capped list of recent refusals, one hash of
-refusal counts per (scope, limit kind) and a sorted set of scopes by last use, trimmed to
-MAX_SCOPES. Writes come in batches from the console's once-a-second flush, never from a
+Bounded everywhere: a capped list per breaker, one capped list of recent refusals, refusal
+counts per (scope, limit kind) for at most 100 entries per kind of scope plus an aggregate
+(refusal_counts.py), and a sorted set of scopes by last use, trimmed to MAX_SCOPES. Writes come in batches from the console's once-a-second flush, never from a
 request's path.
 
 Redis keys, under the limits' hash tag `{prefix}`:
   {prefix}:con:brh:<tier>   list  JSON breaker events, newest first
-  {prefix}:con:rej          hash  "<scope>|<kind>" -> refusals
+  {prefix}:con:rejc:<kind>  zset  refusal counts, {prefix}:con:rejo:<kind> the rest (refusal_counts.py)
   {prefix}:con:rejl         list  JSON refusals, newest first
   {prefix}:con:seen:<kind>  zset  scope id -> last seen (epoch s)
 """
@@ -20,6 +20,8 @@ import json
 from collections import OrderedDict, deque
 from collections.abc import Iterable
 
+from gateway.console.refusal_counts import MemoryRefusalCounts, RedisRefusalCounts, RefusalCounts
+
 BREAKER_EVENTS = 50        # kept per breaker
 RECENT_REFUSALS = 50
 MAX_SCOPES = 100           # per kind (tenant, api_key, session)
@@ -29,7 +31,7 @@ SCOPE_KINDS = ("tenant", "api_key", "session")
 class MemoryHistory:
     def __init__(self) -> None:
         self._breakers: dict[str, deque[dict]] = {}
-        self._refusals: dict[str, int] = {}
+        self._refusals = MemoryRefusalCounts()
         self._recent: deque[dict] = deque(maxlen=RECENT_REFUSALS)
         self._seen: dict[str, OrderedDict[str, float]] = {k: OrderedDict() for k in SCOPE_KINDS}
 
@@ -42,12 +44,11 @@ class MemoryHistory:
 
     async def add_refusals(self, refusals: Iterable[dict]) -> None:
         for refusal in refusals:
-            key = f"{refusal['scope']}|{refusal['kind']}"
-            self._refusals[key] = self._refusals.get(key, 0) + 1
+            self._refusals.add(refusal["scope"], refusal["kind"])
             self._recent.appendleft(refusal)
 
-    async def refusals(self) -> tuple[dict[str, int], list[dict]]:
-        return dict(self._refusals), list(self._recent)
+    async def refusals(self) -> tuple[RefusalCounts, list[dict]]:
+        return self._refusals.read(), list(self._recent)
 
     async def add_seen(self, seen: dict[str, dict[str, float]]) -> None:
         for kind, scopes in seen.items():
@@ -71,6 +72,7 @@ class RedisHistory:
     def __init__(self, client, key_prefix: str):
         self._redis = client
         self._tag = "{" + key_prefix + "}"
+        self._counts = RedisRefusalCounts(client, self._key)
 
     def _key(self, *parts: str) -> str:
         return ":".join((self._tag, "con", *parts))
@@ -98,19 +100,16 @@ class RedisHistory:
         refusals = list(refusals)
         if not refusals:
             return
+        await self._counts.add((r["scope"], r["kind"]) for r in refusals)
         async with self._redis.pipeline(transaction=False) as pipe:
-            for refusal in refusals:
-                pipe.hincrby(self._key("rej"), f"{refusal['scope']}|{refusal['kind']}", 1)
+            for refusal in refusals[-RECENT_REFUSALS:]:   # the newest of the batch
                 pipe.lpush(self._key("rejl"), json.dumps(refusal))
             pipe.ltrim(self._key("rejl"), 0, RECENT_REFUSALS - 1)
             await pipe.execute()
 
-    async def refusals(self) -> tuple[dict[str, int], list[dict]]:
-        async with self._redis.pipeline(transaction=False) as pipe:
-            pipe.hgetall(self._key("rej"))
-            pipe.lrange(self._key("rejl"), 0, RECENT_REFUSALS - 1)
-            counts, recent = await pipe.execute()
-        return ({_text(k): int(v) for k, v in counts.items()}, [json.loads(_text(r)) for r in recent])
+    async def refusals(self) -> tuple[RefusalCounts, list[dict]]:
+        recent = await self._redis.lrange(self._key("rejl"), 0, RECENT_REFUSALS - 1)
+        return await self._counts.read(), [json.loads(_text(r)) for r in recent]
 
     async def add_seen(self, seen: dict[str, dict[str, float]]) -> None:
         if not any(seen.values()):

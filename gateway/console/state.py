@@ -125,8 +125,9 @@ class ConsoleState:
     async def _budgets(self, rt: Runtime) -> dict:
         limits = rt.limits
         if limits is None or not limits.active:
-            return {"active": False, "shared": bool(limits and limits.shared), "scopes": [], "refusals": {},
-                    "recent_refusals": [], "outages": _outages(limits), "error": None}
+            return {"active": False, "shared": bool(limits and limits.shared), "scopes": [],
+                    "refusals": {"counted": [], "others": 0}, "recent_refusals": [], "outages": _outages(limits),
+                    "error": None}
         error = None
         history = self.recorder.history(rt)
         try:
@@ -153,8 +154,8 @@ class ConsoleState:
                                     "tokens_month": usage.used_tokens_month,
                                     "cost_day": usage.used_cost_day / NANO_PER_USD,
                                     "cost_month": usage.used_cost_month / NANO_PER_USD},
-                           "refusals": sum(n for key, n in refusals.items() if key.split("|", 1)[0] == rule.scope)})
-        return {"active": True, "shared": limits.shared, "scopes": scopes, "refusals": refusals,
+                           "refusals": refusals.of_scope(rule.scope)})
+        return {"active": True, "shared": limits.shared, "scopes": scopes, "refusals": refusals.as_json(SCOPES_SHOWN),
                 "recent_refusals": recent, "outages": _outages(limits), "error": error}
 
 
