@@ -147,7 +147,10 @@ class ChainWalk:
             return
         self.failure = exc
         reason = SkipReason.EMPTY_STREAM if isinstance(exc, EmptyStream) else SkipReason.TIER_FAILURE
-        # str(exc) is what a client may see; `detail` (an upstream's address, what it sent) is not.
-        skip = Skip(name, reason, f"failed: {getattr(exc, 'detail', None) or exc}")
+        # str(exc) is what a client may see: the reason code (with an HTTP status). `detail` (an
+        # upstream's address, what it sent, which may quote the prompt) is not, and reaches the log
+        # line and the console only for a tenant whose content the operator lets be recorded.
+        detail = getattr(exc, "detail", None) if attempt.span.content_permitted else None
+        skip = Skip(name, reason, f"failed: {detail or exc}")
         self.ctx.fallbacks.append(skip)
         events.warning("tier %s failed for %s: %s", name, self.ctx.request_id, skip.detail)

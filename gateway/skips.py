@@ -2,8 +2,8 @@
 
 What leaves the gateway is `str(skip)`: the tier's name and the reason code (the
 x-tiergate-fallbacks header). `detail` is written for operators (the log
-line, warnings) and may name an upstream's address or quote what it answered, so it never goes
-into a response. Spans and metrics read `reason` (a fixed, low-cardinality set).
+line, warnings, the console) and never goes into a response; it names an upstream's address or
+quotes what it answered only for a tenant whose content may be recorded (chain_walk.py). Spans and metrics read `reason` (a fixed, low-cardinality set).
 """
 
 from __future__ import annotations

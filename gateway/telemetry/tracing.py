@@ -225,7 +225,7 @@ class RequestTrace:
         kind = SpanKind.INTERNAL if embedded else SpanKind.CLIENT
         span = self._tracing._child(self.span, f"{operation} {request_model}", kind, attributes)
         allowed = record_content and self._tracing.settings.record_content
-        return TierSpan(span, content_allowed=allowed and span.is_recording())
+        return TierSpan(span, content_allowed=allowed and span.is_recording(), content_permitted=allowed)
 
     def end(self, status_code: int, error_type: str | None = None) -> None:
         """Close the server span with the HTTP status (5xx marks it an error; 4xx does not)."""
@@ -242,10 +242,13 @@ class RequestTrace:
 class TierSpan:
     """The GenAI span of one tier call. Use as a context manager or call end() yourself."""
 
-    def __init__(self, span: Span, *, content_allowed: bool):
+    def __init__(self, span: Span, *, content_allowed: bool, content_permitted: bool | None = None):
         self.span = span
         self.recording = span.is_recording()
-        self.content_allowed = content_allowed
+        self.content_allowed = content_allowed      # text goes on this span (permitted, and it records)
+        # The operator and the tenant opted in to content: what may quote the prompt (an upstream's
+        # error bytes) may then reach logs and the console too, sampled or not.
+        self.content_permitted = content_allowed if content_permitted is None else content_permitted
         self._start_ns = time.time_ns()
         self._input: str | None = None
         self._output: str | None = None
