@@ -22,7 +22,7 @@ from gateway.admin_access import AdminAccess
 from gateway.console.recorder import ConsoleRecorder
 from gateway.console.routes import console_routes
 from gateway.console.state import ConsoleState
-from gateway.errors import GatewayError, error_response
+from gateway.errors import GatewayError, error_response, unknown_model
 from gateway.openapi import openapi_document
 from gateway.pipeline import Pipeline
 from gateway.reload import ConfigReloader
@@ -97,8 +97,7 @@ def build_app(holder: RuntimeHolder, reloader: ConfigReloader | None = None,
             tenant, _ = rt.keys.authenticate(request.headers.get("authorization"))
             name = request.path_params["model"]
             if name not in rt.models_for(rt.tenant(tenant)):
-                raise GatewayError(404, f"The model '{name}' does not exist or you do not have access to it",
-                                   param="model", code="model_not_found")
+                raise unknown_model(name)
         except GatewayError as exc:
             return exc.response()
         return JSONResponse(_model_card(name))
@@ -169,5 +168,9 @@ def build_app(holder: RuntimeHolder, reloader: ConfigReloader | None = None,
         Route("/metrics", admin.guard(metrics_endpoint(telemetry.metrics)), methods=["GET"], name="metrics"),
         *console_routes(admin, ConsoleState(holder, console, reloader)),
     ]
-    return Starlette(routes=routes, lifespan=lifespan,
-                     exception_handlers={HTTPException: http_error, Exception: server_error})
+    app = Starlette(routes=routes, lifespan=lifespan,
+                    exception_handlers={HTTPException: http_error, Exception: server_error})
+    # Starlette would answer `/metrics/` with a 307 to a Location built from the client's Host
+    # header (an open redirect); a path that is not ours is a 404 in OpenAI form instead.
+    app.router.redirect_slashes = False
+    return app

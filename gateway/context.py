@@ -71,6 +71,7 @@ class RequestContext:
     finished_at: float | None = None
     status: int = 200
     error: str | None = None
+    client_disconnected: bool = False     # the client left before the end (a stream cut short, or a 499)
     # ---- budgets, rate limits, breakers (written by gateway/request_limits.py, gateway/attempt.py)
     admission: Admission | None = None    # the last budget decision (ok or refused)
     ratelimit_headers: dict[str, str] | None = None   # x-ratelimit-* of the admitted attempt
@@ -88,6 +89,12 @@ class RequestContext:
         """Gateway time up to `until` (default now), not counting the time spent in tiers."""
         end = until if until is not None else time.perf_counter()
         return max(0.0, (end - self.started - self.tier_seconds) * 1000)
+
+    @property
+    def shown_status(self) -> int:
+        """The status operators see: 499 for a client that left, also when a stream's 200 had
+        already gone out (nginx's convention)."""
+        return 499 if self.client_disconnected else self.status
 
     # ---- outputs --------------------------------------------------------------------
     def response_headers(self) -> dict[str, str]:
@@ -113,7 +120,7 @@ class RequestContext:
             "reasons": self.reasons, "route": self.route_reason, "chain": list(self.chain), "tier": self.tier,
             "fallbacks": [skip.for_log() for skip in self.fallbacks], "escalated_from": self.escalated_from,
             "needs": sorted(self.needs),
-            "status": self.status, "error": self.error, "prompt_tokens": self.usage.prompt_tokens,
+            "status": self.shown_status, "error": self.error, "prompt_tokens": self.usage.prompt_tokens,
             "completion_tokens": self.usage.completion_tokens, "cached_tokens": self.usage.cached_tokens,
             "ttft_ms": None if self.ttft_ms is None else round(self.ttft_ms, 2),
             "total_ms": round((end - self.started) * 1000, 2), "overhead_ms": round(self.overhead_ms(end), 3),

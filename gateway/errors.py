@@ -51,3 +51,14 @@ def _default_type(status: int) -> str:
     if status >= 500:
         return "server_error"
     return "invalid_request_error"
+
+
+MODEL_ECHO_CHARS = 64
+
+
+def unknown_model(name: str) -> GatewayError:
+    """The 404 of a model id the caller may not use; it names at most MODEL_ECHO_CHARS of it (the
+    id is the caller's bytes, and an error is no place to send them back in bulk)."""
+    shown = name if len(name) <= MODEL_ECHO_CHARS else name[:MODEL_ECHO_CHARS] + "..."
+    return GatewayError(404, f"The model '{shown}' does not exist or you do not have access to it",
+                        param="model", code="model_not_found")

@@ -112,6 +112,9 @@ MAX_TOP_K = (1 << 31) - 1
 SEED_RANGE = (-(1 << 63), (1 << 64) - 1)       # what a 64-bit generator seed can hold
 MAX_STOP_CHARS = 1024
 MAX_CACHE_SALT_CHARS = 256
+# A model id is a name from the config: longer ones are refused before they reach a log line or
+# an error message that would echo them (an unknown model's 404 names it).
+MAX_MODEL_CHARS = 256
 # Sizes of the lists whose every entry costs work per request (a template turn, a prompt, a
 # token): the body cap alone would still admit hundreds of thousands of them.
 MAX_MESSAGES = 2048
@@ -136,7 +139,7 @@ _STREAM_OPTIONS_NEED_STREAM = {"anyOf": [{"properties": {"stream_options": {"typ
 
 
 class _Sampling(_Body):
-    model: str = Field(min_length=1)
+    model: str = Field(min_length=1, max_length=MAX_MODEL_CHARS)
     max_tokens: int | None = Field(None, ge=1, le=MAX_OUTPUT_TOKENS)
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)

@@ -153,6 +153,12 @@ def prompt_count(body: RequestBody) -> int:
     return len(body.prompts()) if isinstance(body, CompletionRequest) else 1
 
 
+def sequences(body: RequestBody) -> int:
+    """Sequences the request generates side by side: every prompt's choices. Its completion
+    tokens are spread over them (time per output token divides by this, not by n)."""
+    return choices(body) * prompt_count(body)
+
+
 def output_bound(body: RequestBody, context: int | None, exact_prompt: int | None = None) -> tuple[int, int | None]:
     """(completion tokens reserved over every choice and prompt, the max_tokens the tier must be
     sent so that it cannot generate more, or None when the client's or the context's limit

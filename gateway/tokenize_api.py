@@ -21,7 +21,7 @@ import pydantic_core
 from starlette.requests import Request
 from starlette.responses import Response
 
-from gateway.errors import GatewayError
+from gateway.errors import GatewayError, unknown_model
 from gateway.request_body import CLOSE, OFF_LOOP_BYTES, read_body
 from gateway.runtime import Runtime, RuntimeHolder
 from gateway.schema import ChatCompletionRequest, CompletionRequest, parse_body
@@ -126,8 +126,7 @@ def _tier_for(rt: Runtime, tenant_name: str, model: str) -> EmbeddedTier:
     """The embedded tier whose tokenizer answers for `model`, as the tenant may see it."""
     tenant = rt.tenant(tenant_name)
     if not rt.router.knows(model) or (tenant.models is not None and model not in tenant.models):
-        raise GatewayError(404, f"The model '{model}' does not exist or you do not have access to it",
-                           param="model", code="model_not_found")
+        raise unknown_model(model)
     tiers = [rt.tiers[name] for name in rt.counters[model]]
     if not tiers:
         raise GatewayError(400, f"model '{model}' is served by upstream tiers only: its tokenizer is not here",

@@ -23,6 +23,7 @@ from gateway.skips import SkipReason
 from gateway.telemetry.decision_log import DecisionLog
 from gateway.telemetry.tier_series import TierSeries
 from gateway.telemetry.tier_stats import tier_stats
+from gateway.token_bounds import sequences
 
 if TYPE_CHECKING:
     from gateway.context import RequestContext
@@ -61,13 +62,13 @@ class ConsoleRecorder:
     def request_ended(self, rt: Runtime, ctx: RequestContext, limits: RequestLimits | None) -> None:
         if self.decisions.record(ctx) is None:
             return
-        choices = limits.call.body.n if limits is not None else 1
+        decoded = sequences(limits.call.body) if limits is not None else 1   # side by side
         if ctx.tier is not None:
             ttft = None if ctx.first_token_at is None else ctx.first_token_at - ctx.started
             tpot = None
-            per_choice = ctx.usage.completion_tokens / max(choices, 1)
-            if ttft is not None and ctx.status < 400 and per_choice > 1:
-                tpot = max((ctx.finished_at or time.perf_counter()) - ctx.first_token_at, 0.0) / (per_choice - 1)
+            per_sequence = ctx.usage.completion_tokens / max(decoded, 1)
+            if ttft is not None and ctx.status < 400 and not ctx.client_disconnected and per_sequence > 1:
+                tpot = max((ctx.finished_at or time.perf_counter()) - ctx.first_token_at, 0.0) / (per_sequence - 1)
             self.series.request_done(ctx.tier, output_tokens=ctx.usage.completion_tokens,
                                      failed=ctx.status >= 400 or bool(ctx.error), ttft_s=ttft, tpot_s=tpot)
         for skip in ctx.fallbacks:           # a call that failed there: the tier's error, not the answer's

@@ -5,7 +5,8 @@ gen_ai.server.time_to_first_token, .time_per_output_token, .request.duration, in
 Engine figures are read at scrape time from each tier's stats object (engines.stats.EngineStats
 or anything with the same attribute names), so the engine thread does no metrics work.
 
-Labels stay low-cardinality: tier, profile, tenant_class, type, reason, state, and the cascade's
+Labels stay low-cardinality: tier, profile, tenant_class, type, reason, state, code (an HTTP
+status from a fixed list), and the cascade's
 from / to tiers, outcome and signal. Never pass a
 tenant id, an API key or request text as a label value.
 """
@@ -41,6 +42,9 @@ CONFIDENCE_BUCKETS = (-8.0, -6.0, -4.0, -3.0, -2.5, -2.0, -1.5, -1.0, -0.75, -0.
 DURATION_BUCKETS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92)
 REQUEST_LABELS = ("tier", "profile", "tenant_class")
 BREAKER_STATES = ("closed", "open", "half_open")
+# What a request refused before routing is answered (bad key, bad JSON or schema, unknown model,
+# body too large or too slow): its `code` label is one of these, anything else "http_other".
+REJECTED_CODES = frozenset(f"http_{status}" for status in (400, 401, 403, 404, 405, 408, 411, 413, 415, 422, 429))
 BREAKER_READ_TIMEOUT_S = 1.0
 
 StatsSource = Callable[[], object]
@@ -64,6 +68,8 @@ class GatewayMetrics:
                               (*REQUEST_LABELS, "type"), registry=r)
         self.errors = Counter("tiergate_request_errors", "Requests that failed after routing, by reason",
                               ("tier", "reason"), registry=r)
+        self.rejected = Counter("tiergate_requests_rejected", "Requests refused before routing (bad key, bad "
+                                "body, unknown model, body too large), by HTTP status", ("code",), registry=r)
         self.budget_rejections = Counter("tiergate_budget_rejections", "Requests refused by a budget",
                                          ("tenant_class", "reason"), registry=r)
         self.cascade_decisions = Counter("tiergate_cascade_decisions", "Cascade decisions on a first tier's "
@@ -143,10 +149,10 @@ class GatewayMetrics:
 
     def observe_request(self, *, tier: str, profile: str, tenant_class: str, duration_s: float,
                         ttft_s: float | None = None, input_tokens: int = 0, output_tokens: int = 0,
-                        cache_read_tokens: int = 0, error_reason: str | None = None, choices: int = 1) -> None:
+                        cache_read_tokens: int = 0, error_reason: str | None = None, sequences: int = 1) -> None:
         """One finished request. TTFT and TPOT only for successful responses (GenAI conventions);
-        TPOT = (duration - TTFT) / (output tokens per choice - 1): the n choices of a request
-        are decoded side by side."""
+        TPOT = (duration - TTFT) / (output tokens per sequence - 1): the sequences of a request
+        (prompts x choices, gateway/token_bounds.sequences) are decoded side by side."""
         labels = (tier, profile, tenant_class)
         self.duration.labels(*labels).observe(duration_s)
         self.tokens.labels(*labels, "input").inc(input_tokens)
@@ -157,13 +163,18 @@ class GatewayMetrics:
             return
         if ttft_s is not None:
             self.ttft.labels(*labels).observe(ttft_s)
-            per_choice = output_tokens / max(choices, 1)
-            if per_choice > 1:
-                self.tpot.labels(*labels).observe(max(duration_s - ttft_s, 0.0) / (per_choice - 1))
+            per_sequence = output_tokens / max(sequences, 1)
+            if per_sequence > 1:
+                self.tpot.labels(*labels).observe(max(duration_s - ttft_s, 0.0) / (per_sequence - 1))
 
     def cascade_decided(self, *, from_tier: str, to_tier: str, escalated: bool, signal: str, score: float) -> None:
         self.cascade_decisions.labels(from_tier, to_tier, "escalated" if escalated else "kept").inc()
         self.cascade_confidence.labels(from_tier, signal).observe(score)
+
+    def request_rejected(self, status: int) -> None:
+        """A request answered with an error before it was routed (no tier figures for it)."""
+        code = f"http_{status}"
+        self.rejected.labels(code if code in REJECTED_CODES else "http_other").inc()
 
     def budget_rejected(self, *, tenant_class: str, reason: str) -> None:
         self.budget_rejections.labels(tenant_class, reason).inc()

@@ -2,8 +2,9 @@
 route, one tier span per tier attempt (and the fallbacks between them), and at the end the
 request's metrics.
 
-At run time this package imports nothing from the rest of the gateway; the request objects it
-reads (RequestContext, TierCall, Tier) are named for type checkers only.
+At run time it imports from the rest of the gateway only small value modules (skip reasons,
+token_bounds' count of sequences); the request objects it reads (RequestContext, TierCall,
+Tier) are named for type checkers only.
 """
 
 from __future__ import annotations
@@ -15,7 +16,10 @@ from gateway.skips import SkipReason
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.telemetry.setup import Telemetry
 from gateway.telemetry.tracing import RequestTrace, TierSpan
+from gateway.token_bounds import sequences
 from policies.needs import CAPABILITIES
+
+CLIENT_CLOSED = 499          # the status the gateway gives a request whose client left before its answer
 
 if TYPE_CHECKING:
     from gateway.context import RequestContext
@@ -39,14 +43,14 @@ def start_request(telemetry: Telemetry, scope: dict, traceparent: str | None,
 class RequestTelemetry:
     """One request's spans and metrics, from the first byte to the last."""
 
-    __slots__ = ("_choices", "_metrics", "_record_content", "_seen", "trace")
+    __slots__ = ("_metrics", "_record_content", "_seen", "_sequences", "trace")
 
     def __init__(self, metrics: GatewayMetrics, trace: RequestTrace):
         self.trace = trace
         self._metrics = metrics
         self._record_content = False
         self._seen = 0                          # ctx.fallbacks entries already told to the trace
-        self._choices = 1
+        self._sequences = 1                     # decoded side by side (token_bounds.sequences)
 
     def routed(self, ctx: RequestContext, record_content: bool) -> None:
         """After classification and routing; `record_content`: the tenant's opt-in."""
@@ -68,7 +72,7 @@ class RequestTelemetry:
             self.trace.fallback_taken(skip.tier, tier.name, skip.reason.value)
         self._seen = len(ctx.fallbacks)
         body = call.body
-        self._choices = body.n
+        self._sequences = sequences(body)
         upstream = tier.kind == "upstream"
         span = self.trace.tier_call(
             tier=tier.name, request_model=tier.config.model if upstream else call.alias, embedded=not upstream,
@@ -100,7 +104,11 @@ class RequestTelemetry:
                 metrics.budget_rejected(tenant_class=tenant_class, reason=reason or "unknown")
         cascade = ctx.cascade
         error_type = error_reason = None
-        if disconnected:
+        # A client that left is one outcome whether the answer was a stream cut short (its 200
+        # already sent) or a whole answer never sent (the pipeline's 499): the console and the
+        # log line read it off the context.
+        ctx.client_disconnected = disconnected or ctx.status == CLIENT_CLOSED
+        if ctx.client_disconnected:
             error_reason = "client_disconnected"
         elif ctx.status >= 400:
             error_reason = f"http_{ctx.status}"
@@ -122,6 +130,8 @@ class RequestTelemetry:
             metrics.cascade_decided(from_tier=cascade.from_tier, to_tier=cascade.to, escalated=cascade.escalated,
                                     signal=cascade.signal, score=cascade.score)
         if ctx.profile is None:   # refused before classification (auth, bad body): no tier figures
+            if ctx.status >= 400:
+                metrics.request_rejected(ctx.status)
             return
         end = ctx.finished_at or time.perf_counter()
         ttft = None if ctx.first_token_at is None else ctx.first_token_at - ctx.started
@@ -129,7 +139,7 @@ class RequestTelemetry:
         metrics.observe_request(tier=ctx.tier or "none", profile=ctx.profile, tenant_class=tenant_class,
                                 duration_s=end - ctx.started, ttft_s=ttft, input_tokens=usage.prompt_tokens,
                                 output_tokens=usage.completion_tokens, cache_read_tokens=usage.cached_tokens,
-                                error_reason=error_reason, choices=self._choices)
+                                error_reason=error_reason, sequences=self._sequences)
 
 
 def _input_of(call: TierCall) -> list[dict] | str:

@@ -106,6 +106,8 @@ def test_console_in_chromium(served, tmp_path):
             page = context.new_page()
             page.on("console", lambda msg: errors.append(f"console: {msg.text}") if msg.type == "error" else None)
             page.on("pageerror", lambda exc: errors.append(f"page error: {exc}"))
+            polls: list[str] = []
+            page.on("request", lambda r: polls.append(r.url) if "/console/api/state" in r.url else None)
             page.goto(f"{base}/console#key={ADMIN_KEY}")
 
             # Every configured tier, once the first poll has landed.
@@ -141,6 +143,8 @@ def test_console_in_chromium(served, tmp_path):
             assert "tier_failure" in page.locator('tr[data-breaker="flaky"] li[data-event="opened"]').inner_text()
             fallback_row = page.locator("#routing-table tbody tr").first
             assert "flaky: tier_failure" in fallback_row.inner_text()
+            # Once the page holds the sparklines, each poll asks for the newer points only.
+            assert "since=" not in polls[0] and len(polls) >= 3 and all("?since=" in u for u in polls[2:]), polls[:4]
 
             shot = _artifacts(tmp_path) / "console.png"
             page.screenshot(path=str(shot), full_page=True)

@@ -33,7 +33,7 @@ SECRET = "okapi-secret-0042"
 MESSAGES = [{"role": "user", "content": f"w3 w4 {SECRET}"}]
 # Labels whose values are bounded by the config or the code (no request text, no ids):
 # "capability" is one of policies.needs.CAPABILITIES (or a comma list of them).
-ALLOWED_LABELS = {"tier", "profile", "tenant_class", "type", "reason", "state", "le", "capability"}
+ALLOWED_LABELS = {"tier", "profile", "tenant_class", "type", "reason", "state", "le", "capability", "code"}
 
 
 @pytest.fixture(scope="module")
@@ -145,6 +145,31 @@ def test_budget_rejection_is_counted_and_on_the_span(traced):
     errors = "tiergate_request_errors_total"
     assert _value(after, errors, tier="none", reason="http_429") - \
         _value(before, errors, tier="none", reason="http_429") == 1
+
+
+def test_requests_refused_before_routing_are_counted(traced):
+    _, before = _scrape(traced)
+    url = f"{traced.base}/v1/chat/completions"
+    app = {"authorization": f"Bearer {APP_KEY}"}
+    ask = {"model": "tiny", "messages": MESSAGES, "max_tokens": 2}
+    statuses = [httpx.post(url, json=ask, headers={"authorization": "Bearer sk-wrong"}, timeout=10).status_code
+                for _ in range(3)]
+    statuses.append(httpx.post(url, content=b"{bad", headers=app, timeout=10).status_code)
+    statuses.append(httpx.post(url, json={**ask, "model": "nope"}, headers=app, timeout=10).status_code)
+    long_model = httpx.post(url, json={**ask, "model": "M" * 100_000}, headers=app, timeout=10)
+    assert statuses == [401, 401, 401, 400, 404] and long_model.status_code == 400
+    # A model id longer than any in a config is refused by the schema, and not sent back.
+    assert long_model.json()["error"]["param"] == "model" and len(long_model.content) < 1000
+    _, after = _scrape(traced)
+    rejected = "tiergate_requests_rejected_total"
+    assert {code: _value(after, rejected, code=code) - _value(before, rejected, code=code)
+            for code in ("http_401", "http_400", "http_404")} == {"http_401": 3, "http_400": 2, "http_404": 1}
+
+
+def test_a_trailing_slash_is_a_404_not_a_redirect_to_the_clients_host(traced):
+    resp = httpx.get(f"{traced.base}/metrics/", headers={"host": "evil.example"}, timeout=10)
+    assert resp.status_code == 404 and "location" not in resp.headers
+    assert resp.json()["error"]["code"] == "not_found"
 
 
 def test_breaker_state_as_the_requests_saw_it(traced):

@@ -208,7 +208,7 @@ def _parsed(metrics: GatewayMetrics) -> dict:
 def test_tpot_is_per_choice_when_choices_decode_side_by_side():
     metrics = GatewayMetrics()
     # 2 choices x 5 tokens in 1.0 s after a 0.2 s TTFT: 0.8 s / 4 gaps = 0.2 s per token, not 0.8 / 9.
-    metrics.observe_request(**REQ, duration_s=1.0, ttft_s=0.2, output_tokens=10, choices=2)
+    metrics.observe_request(**REQ, duration_s=1.0, ttft_s=0.2, output_tokens=10, sequences=2)
     m = _parsed(metrics)
     assert m[("gen_ai_server_time_per_output_token_seconds_sum", labels(**REQ))] == pytest.approx(0.2)
 

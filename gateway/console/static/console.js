@@ -146,13 +146,16 @@ function lastValue(values) {
 function renderTiers(tiers) {
   const names = tiers.map((t) => t.name).join(",");
   const box = $("#tiers");
-  if (names !== knownTiers) {
+  let newest = null;                // the newest point now held: the next poll asks for newer ones only
+  const changed = names !== knownTiers;
+  if (changed) {
     box.replaceChildren();
     knownTiers = names;
     for (const name of [...series.keys()]) if (!tiers.some((t) => t.name === name)) series.delete(name);
   }
   for (const t of tiers) {
     const points = mergeSeries(t);
+    if (points.length && (newest === null || points[points.length - 1][0] > newest)) newest = points[points.length - 1][0];
     const f = t.series.fields;
     const tokS = rate(points, f, "output_tokens", 10);
     const ttft = column(points, f, "ttft_ms"), tpot = column(points, f, "tpot_ms");
@@ -182,6 +185,10 @@ function renderTiers(tiers) {
     const old = box.querySelector(`[data-tier="${CSS.escape(t.name)}"]`);
     if (old) old.replaceWith(card); else box.append(card);
   }
+  // A tier set that changed (a reload) was fetched with `since`: a new tier's history is then
+  // missing, so the next poll asks for every point again.
+  if (changed) lastPoint = null;
+  else if (newest !== null) lastPoint = newest;
 }
 
 const PALETTE = ["#58a6ff", "#3fb950", "#d29922", "#bc8cff", "#f778ba", "#39c5cf", "#ff9b50"];
