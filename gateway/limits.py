@@ -25,6 +25,7 @@ from policies.budgets import Budgets, MemoryBudgetStore
 from policies.budgets.fail_open import FailOpenLimiter
 from policies.limits_config import LimitsConfig, RetryConfig, ScopeTable, StoreConfig
 from policies.retry_budget import RetryBudget
+from policies.url_check import shown_url
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +129,7 @@ class GatewayLimits:
                 await self._stores.budgets.ping()
             except Exception as exc:  # noqa: BLE001 - a log line, the policy handles the rest
                 log.warning("budget store %s unreachable at start (%s); policy: fail-%s",
-                            self.config.store.url, exc, self.config.store.on_store_failure)
+                            shown_url(self.config.store.url), exc, self.config.store.on_store_failure)
 
     def spawn(self, coro) -> None:
         """Run a finishing step (a reconcile nobody awaits) so that close() waits for it."""

@@ -11,6 +11,8 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from policies.url_check import shown_url
+
 Exporter = Literal["otlp", "console", "none"]
 EXPORTERS: tuple[str, ...] = ("otlp", "console", "none")
 
@@ -19,7 +21,7 @@ def http_url_problem(url: str) -> str | None:
     """None for an http(s) URL with a host, else what is wrong with it."""
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        return f"{url!r} is not an http(s) URL with a host"
+        return f"{shown_url(url)!r} is not an http(s) URL with a host"
     return None
 
 

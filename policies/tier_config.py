@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ByteSize, ConfigDict, Discriminator, Field, FilePath, Tag, model_validator
 
 from policies.needs import DEFAULT_CAPABILITIES, Capability
-from policies.url_check import check_url
+from policies.url_check import check_base_url
 
 
 # What the engine accepts, restated here because policies never imports engines; each is defined
@@ -167,7 +167,7 @@ class UpstreamTierConfig(_TierBase):
 
     @model_validator(mode="after")
     def _check(self) -> UpstreamTierConfig:
-        self.base_url = check_url(self.base_url, ("http", "https"), "base_url").rstrip("/")
+        self.base_url = check_base_url(self.base_url, "base_url").rstrip("/")
         if self.api_key_env is not None and not os.environ.get(self.api_key_env):
             raise ValueError(f"environment variable {self.api_key_env} (api_key_env) is not set")
         return self

@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 from policies.config import ConfigError, StrictYamlLoader, load_config, parse_config
+from policies.url_check import shown_url
 
 UP = "{kind: upstream, base_url: 'http://127.0.0.1:9/v1', model: m}"
 
@@ -52,6 +53,28 @@ def test_a_file_that_is_not_utf8_is_a_one_line_error(tmp_path):
 def test_an_upstream_url_nobody_can_connect_to_is_refused(url, reason):
     message = _error(f"tiers:\n  a: {{kind: upstream, base_url: '{url}', model: m}}\n")
     assert "tiers.a: base_url" in message and reason in message
+
+
+@pytest.mark.parametrize("url,reason", [
+    ("http://h:1/v1?api-version=s3cret", "must not have a query"), ("http://h:1/v1#s3cret", "or a fragment"),
+    ("http://h:1/v1?", "must not have a query"),
+    ("http://user:s3cret@h:1/v1", "must not carry credentials (user:password@); give the API key through api_key_env"),
+    ("https://s3cret@h/v1", "must not carry credentials")])
+def test_an_upstream_url_paths_cannot_be_appended_to_or_with_credentials_is_refused(url, reason):
+    """`/chat/completions` is appended to base_url: after a query it would build
+    `/v1?api-version=X/chat/completions`; credentials in it would be written wherever it is shown."""
+    message = _error(f"tiers:\n  a: {{kind: upstream, base_url: '{url}', model: m}}\n")
+    assert "tiers.a: base_url" in message and reason in message
+    assert "s3cret" not in message
+
+
+def test_shown_urls_lose_their_credentials():
+    assert shown_url("redis://:s3cret@h:6379/0") == "redis://***@h:6379/0"
+    assert shown_url("rediss://user:s3cret@h/0?db=1&password=s3cret") == "rediss://***@h/0?db=1&password=***"
+    assert shown_url("unix://:s3cret@/run/redis.sock?db=0") == "unix://***@/run/redis.sock?db=0"
+    assert shown_url("https://h:443/v1?api_key=s3cret") == "https://h:443/v1?api_key=***"
+    assert shown_url("http://10.0.0.5:8000/v1") == "http://10.0.0.5:8000/v1"
+    assert shown_url("http://[::1/v1") == "(an invalid URL)"
 
 
 @pytest.mark.parametrize("url,reason", [("redis://127.0.0.1:99999/0", "Port out of range"),
