@@ -5,11 +5,14 @@ HTTP/1.1 pool, or httpx's own httpcore transport): httpx.AsyncClient's per-reque
 (auth flows, cookies, redirects, URL merging) costs ~0.3 ms of CPU and does nothing here.
 Bodies pass through: the request goes out with the upstream's model name and the body fields
 the tier accepts (the rest rejected or dropped, per its config); the answer comes back byte for
-byte, read defensively (upstream_answers.py) to count usage (and, for a cascade judging a whole
+byte, read defensively (upstream_answers.py; a stream event by event, each checked before it is
+relayed, upstream_stream.py) to count usage (and, for a cascade judging a whole
 answer, its first tokens' logprobs; an upstream stream is not judged: its logprobs would have
 to be asked for the whole stream and stripped from every event). Upstream 4xx answers are the client's problem and go back in OpenAI form; connection
-errors, timeouts, 429, 5xx and malformed or oversized answers are tier failures, whose
-details (the upstream's address, what it sent) reach logs and spans, never the client.
+errors, timeouts, 429, 5xx, any other status that is not 2xx (3xx included: redirects are not
+followed), malformed or oversized answers and streams cut before their end are tier failures,
+whose details (the upstream's address without credentials, what it sent) reach logs and spans,
+never the client.
 
 Connections: each tenant holds at most its share of the tier's pool; a call that finds no free
 connection in time is the gateway's own overload (upstream_errors.TierOverloaded), not the
@@ -35,7 +38,6 @@ from gateway.tiers.http_pool import PooledTransport
 from gateway.tiers.tenant_shares import TenantShares
 from gateway.tiers.upstream_answers import (
     AnswerFacts,
-    StreamReader,
     answer_logprobs,
     ascii_json,
     hide_cached_tokens,
@@ -45,7 +47,9 @@ from gateway.tiers.upstream_answers import (
 )
 from gateway.tiers.upstream_errors import UpstreamFailure, client_error_for, pool_exhausted, tenant_share_exceeded
 from gateway.tiers.upstream_replies import client_error, failure_code, read_capped
+from gateway.tiers.upstream_stream import StreamReader
 from policies.tier_config import UpstreamTierConfig
+from policies.url_check import shown_url
 
 log = logging.getLogger("gateway.upstream")
 
@@ -61,6 +65,7 @@ class UpstreamTier(Tier):
     def __init__(self, name: str, config: UpstreamTierConfig):
         super().__init__(name, config)
         self.transport: httpx.AsyncBaseTransport | None = None
+        self.shown_url = shown_url(config.base_url)      # what logs and /readyz show of it
         self._urls = {endpoint: httpx.URL(config.base_url + path) for endpoint, path in _PATHS.items()}
         base = httpx.URL(config.base_url)
         self.address, self.port = base.host, base.port or (443 if base.scheme == "https" else 80)  # for spans
@@ -94,7 +99,7 @@ class UpstreamTier(Tier):
         return self.config.max_model_len
 
     def describe(self) -> dict:
-        return {**super().describe(), "base_url": self.config.base_url, "model": self.config.model}
+        return {**super().describe(), "base_url": self.shown_url, "model": self.config.model}
 
     def token_signals(self, stream: bool) -> frozenset[str]:
         return NO_TOKEN_SIGNALS if stream else _ANSWER_SIGNALS
@@ -156,7 +161,7 @@ class UpstreamTier(Tier):
 
     def _failure(self, exc: Exception) -> UpstreamFailure:
         code = failure_code(exc)
-        return UpstreamFailure(code, f"{self.config.base_url}: {type(exc).__name__}: {exc}",
+        return UpstreamFailure(code, f"{self.shown_url}: {type(exc).__name__}: {exc}",
                                error=client_error_for(code))
 
     def _report(self, call: TierCall, failure: UpstreamFailure, mid_stream: bool = False) -> None:
@@ -175,14 +180,16 @@ class UpstreamTier(Tier):
 
     async def _check_status(self, response: httpx.Response) -> None:
         status = response.status_code
-        if status < 400:
+        if 200 <= status < 300:
             return
         raw, whole = await read_capped(response, ERROR_BODY_LIMIT)
         if status not in _CLIENT_ERRORS:
             # 401/403/404 mean this tier is misconfigured (key, model name), 429/5xx that it is
-            # overloaded or down: none of them is the client's fault.
-            code = f"http_{status}" if 400 <= status < 600 else "http_status"
-            raise UpstreamFailure(code, f"{self.config.base_url} answered {status}: {raw[:200]!r}",
+            # overloaded or down: none of them is the client's fault. Nor is a 3xx, whatever its
+            # body: redirects are not followed (the request would go where the upstream says,
+            # with its key), and its body is not the answer.
+            code = f"http_{status}" if 300 <= status < 600 else "http_status"
+            raise UpstreamFailure(code, f"{self.shown_url} answered {status}: {raw[:200]!r}",
                                   error=client_error_for(code, response.headers.get("retry-after")))
         raise client_error(status, raw if whole else b"")
 
@@ -242,6 +249,7 @@ class UpstreamTier(Tier):
         facts = AnswerFacts(call.span.content_allowed)
         ctx = call.ctx
         relayed = False
+        reader: StreamReader | None = None
         taken = await self._take_share(call)
         try:
             response = await self._send(call, True, drop)
@@ -249,18 +257,19 @@ class UpstreamTier(Tier):
                 await self._check_status(response)
                 if not response.headers.get("content-type", "").startswith("text/event-stream"):
                     raise UpstreamFailure("not_event_stream", f"content-type {response.headers.get('content-type')!r}")
-                reader = StreamReader(self.config.max_response_bytes, facts, call.span.recording,
+                body = call.body
+                chat = call.endpoint == "chat"
+                reader = StreamReader(self.config.max_response_bytes, facts, chat=chat, n=body.n,
+                                      choices=body.n * (1 if chat else len(body.prompts())),
                                       hide_cached=self._hides_cached(call))
-                include_usage = call.body.include_usage
-                # Continuous usage stats put the usage so far in every chunk: only the closing
-                # usage chunk is the answer's, so only it is counted.
-                running_usage = call.body.continuous_usage and self.config.supports_continuous_usage
+                include_usage = body.include_usage
                 pieces = response.aiter_bytes()
                 while True:
                     data = await anext(pieces, None)
-                    for event, usage, usage_only in (reader.end() if data is None else reader.feed(data)):
-                        if usage is not None and (usage_only or not running_usage):
-                            ctx.usage.add(usage)
+                    events = reader.end() if data is None else reader.feed(data)
+                    # Usage reports are cumulative: the request's usage follows the stream's latest.
+                    reader.usage.settle_into(ctx.usage)
+                    for event, usage_only in events:
                         if not relayed:
                             relayed = True
                             if ctx.first_token_at is None:
@@ -280,6 +289,11 @@ class UpstreamTier(Tier):
             raise
         finally:
             self._give_share(call, taken)
+            if reader is not None:
+                reader.usage.settle_into(ctx.usage)     # what a failed stream reported still counts
+                if reader.ignored_usage is not None:
+                    log.warning("tier %s reported usage that is not a count, ignored, for %s: %s", self.name,
+                                ctx.request_id, reader.ignored_usage)
             if call.span.recording:
                 facts.finish(call.span)
 

@@ -1,29 +1,22 @@
-"""Reading what an upstream answers, defensively: a whole JSON answer, or an event stream.
+"""Reading what an upstream answers, defensively: a whole JSON answer (an event stream is read
+in upstream_stream.py), its usage, and the facts its span reports.
 
 An upstream is another program on the network, so its bytes are input like a client's: any of
-them may be malformed (not JSON, JSON that is not an object, usage that is not a count, CRLF
-line ends, an event that never ends). Everything here either returns a value or raises
-UpstreamFailure, which the chain walk treats as the tier's failure (fallback, breaker); no other
-exception may escape, since one would end the request with a 500 and count nothing.
-
-Streams are relayed event by event without parsing most of them (the overhead budget is ~1 ms
-per request): the first data event is always parsed, later ones only when they may carry
-usage, an error, a finish reason the span reports, or text the span records.
+them may be malformed (not JSON, JSON that is not an object, usage that is not a count).
+Everything here either returns a value or raises UpstreamFailure, which the chain walk treats as
+the tier's failure (fallback, breaker); no other exception may escape, since one would end the
+request with a 500 and count nothing.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import re
 
 from gateway.context import Usage
 from gateway.tiers.upstream_errors import UpstreamFailure
 
 MAX_REPORTED_TOKENS = 1 << 31      # more than any context: a count past it is not a count
-_FIELDS = (b"data", b"event", b"id", b"retry")
-_FINISHED = re.compile(rb'"finish_reason":\s*"')
-_DONE = b"[DONE]"
 
 
 def _excerpt(raw: bytes) -> str:
@@ -157,129 +150,3 @@ class AnswerFacts:
                     cache_read_tokens=usage.cached_tokens if usage else None)
         if self.keep_text:
             span.record_output(["".join(self.texts.get(i, [])) for i in indexes], reasons)
-
-
-# ---- event streams -----------------------------------------------------------------------
-class EventSplitter:
-    """Server-sent events out of arbitrary byte pieces. Lines may end in LF, CRLF or CR (the SSE
-    grammar allows all three); events come out LF-only, without their blank line. An event
-    growing past `limit` bytes is a failure: a stream that never ends an event would otherwise
-    be buffered without bound."""
-
-    __slots__ = ("_buf", "_cr", "limit")
-
-    def __init__(self, limit: int):
-        self.limit = limit
-        self._buf = bytearray()
-        self._cr = False     # the last piece ended in CR, already read as a line end: a LF next completes it
-
-    def feed(self, data: bytes) -> list[bytes]:
-        if not data:
-            return []
-        if self._cr and data[:1] == b"\n":
-            data = data[1:]
-        self._cr = data.endswith(b"\r")
-        if b"\r" in data:
-            data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
-        buf = self._buf
-        start = max(0, len(buf) - 1)     # what was buffered holds no blank line: search only the seam on
-        buf += data
-        events, taken = [], 0
-        while (end := buf.find(b"\n\n", start)) >= 0:
-            events.append(bytes(buf[taken:end]))
-            taken = start = end + 2
-        if taken:
-            del buf[:taken]
-        if len(buf) > self.limit or any(len(e) > self.limit for e in events):
-            raise UpstreamFailure("event_too_large", f"an event of more than {self.limit} bytes")
-        return events
-
-    def end(self) -> list[bytes]:
-        """The last event, if the stream ended without its blank line."""
-        tail = bytes(self._buf)
-        self._buf.clear()
-        return [tail] if tail.strip() else []
-
-
-def event_data(event: bytes) -> bytes | None:
-    """The event's data (its data lines joined), None for an event without any (a comment, a
-    retry hint). Text that is not SSE field syntax is a failure."""
-    if b"\n" not in event:
-        if event.startswith(b"data:"):
-            value = event[5:]
-            return value[1:] if value[:1] == b" " else value
-        lines = [event]
-    else:
-        lines = event.split(b"\n")
-    parts = []
-    for line in lines:
-        if not line or line.startswith(b":"):
-            continue
-        name, _, value = line.partition(b":")
-        if name not in _FIELDS:
-            raise UpstreamFailure("bad_event", f"not an SSE line: {_excerpt(line)}")
-        if name == b"data":
-            parts.append(value[1:] if value[:1] == b" " else value)
-    return b"\n".join(parts) if parts else None
-
-
-class StreamReader:
-    """One upstream event stream: `feed` bytes as they arrive, `end` once it closed. Each returns
-    the events to relay as (bytes ready to send, usage if the event reported some, whether it is
-    the usage-only chunk (choices == [])). Facts for the span are noted on `facts`.
-    `hide_cached`: events reporting cached tokens are relayed with the count zeroed (the usage
-    returned keeps it)."""
-
-    __slots__ = ("_first", "_splitter", "facts", "hide_cached", "record_finish")
-
-    def __init__(self, limit: int, facts: AnswerFacts, record_finish: bool, hide_cached: bool = False):
-        self._splitter = EventSplitter(limit)
-        self.facts = facts
-        self.record_finish = record_finish   # the span is recording: finish reasons are worth a parse
-        self.hide_cached = hide_cached
-        self._first = True
-
-    def feed(self, data: bytes) -> list[tuple[bytes, Usage | None, bool]]:
-        return self._read(self._splitter.feed(data))
-
-    def end(self) -> list[tuple[bytes, Usage | None, bool]]:
-        return self._read(self._splitter.end())
-
-    def _read(self, events: list[bytes]) -> list[tuple[bytes, Usage | None, bool]]:
-        out = []
-        for event in events:
-            event = event.strip(b"\n")
-            if not event.strip():
-                continue
-            data = event_data(event)
-            if data is None:
-                continue            # comments and retry hints are the upstream's, not the client's
-            usage, usage_only, chunk = self._inspect(data)
-            if self.hide_cached and chunk is not None and hide_cached_tokens(chunk):
-                event = b"data: " + ascii_json(chunk)
-            out.append((event + b"\n\n", usage, usage_only))
-        return out
-
-    def _inspect(self, data: bytes) -> tuple[Usage | None, bool, dict | None]:
-        """(usage reported, whether the chunk is usage only, the chunk where it was parsed)."""
-        stripped = data.strip()
-        if stripped == _DONE:
-            return None, False, None
-        if not stripped.startswith(b"{"):
-            raise UpstreamFailure("bad_event", f"event data is not a JSON object: {_excerpt(data)}")
-        has_usage = b'"usage"' in data
-        first, self._first = self._first, False
-        if not (first or has_usage or b'"error"' in data or self.facts.keep_text
-                or (self.record_finish and _FINISHED.search(data))):
-            return None, False, None
-        chunk = _loads(data, "bad_event")
-        if not isinstance(chunk, dict):
-            raise UpstreamFailure("bad_event", f"event data is not a JSON object: {_excerpt(data)}")
-        if "error" in chunk and "choices" not in chunk:
-            raise UpstreamFailure("stream_error", f"the upstream sent an error event: {_excerpt(data)}")
-        self.facts.read(chunk)
-        if not has_usage or chunk.get("usage") is None:
-            return None, False, chunk
-        usage = read_usage(chunk["usage"])
-        self.facts.usage = usage
-        return usage, not chunk.get("choices"), chunk

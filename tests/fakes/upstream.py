@@ -11,7 +11,13 @@ Hostile answers, for the gateway's defences: {"mode": M} answers every completio
 (usage that is not a count), "huge" (an answer, or one stream event, of `huge_bytes`), "crlf"
 (a good stream with CRLF line ends), "reset" (a stream reset after its first event),
 "error_event" (a stream whose second event is an error quoting internal details), "flood" (an
-endless stream of big events, until the client hangs up: `hangups` counts those).
+endless stream of big events, until the client hangs up: `hangups` counts those). Streams only
+(a whole answer is the normal one): "running_usage" (usage so far in every chunk, asked for or
+not, and the closing usage chunk), "truncated" (the body ends cleanly after two events: no
+finish_reason, no [DONE]), "no_done" (every choice finished, no [DONE]), "bad_final_usage" (a
+negative count in the closing usage chunk), and a malformed second event: "bad_json", "not_utf8",
+"bad_index" (choice 7), "bad_tool_calls" (a tool call delta indexed "zero"). Both:
+"redirect_json" (a 302 whose body is a good answer).
 {"stall_next": N} holds the next N completions unanswered until {"release": true};
 `last_body` is the last completion body received.
 
@@ -212,6 +218,9 @@ def _hostile_answer(self: Behaviour, body: dict, chat: bool) -> bytes:
         return http_response(200, b"<html>upstream proxy error</html>")
     if mode == "non_object":
         return http_response(200, b"[1, 2, 3]")
+    if mode == "redirect_json":
+        return route("POST", "/v1/chat/completions" if chat else "/v1/completions", json.dumps(body).encode()) \
+            .replace(b"HTTP/1.1 200 OK\r\n", b"HTTP/1.1 302 Found\r\nlocation: http://127.0.0.1:1/v1\r\n", 1)
     answer = json.loads(route("POST", "/v1/chat/completions" if chat else "/v1/completions",
                               json.dumps({**body, "stream": False}).encode()).split(b"\r\n\r\n", 1)[1])
     if mode == "bad_usage":
@@ -241,7 +250,12 @@ async def _hostile_stream(self: Behaviour, body: dict, chat: bool, writer: async
         events = [e.replace(b"\n", b"\r\n") for e in events]
     elif mode == "error_event":
         events = events[:1] + [_event({"error": {"message": _INTERNAL, "type": "internal_error"}})]
-    writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+    elif mode in _BAD_SECOND_EVENT:
+        events = events[:1] + [_BAD_SECOND_EVENT[mode]] + events[1:]
+    else:
+        events = _cut_or_counted(mode, body, chat, events)
+    status = b"302 Found\r\nlocation: http://127.0.0.1:1/v1" if mode == "redirect_json" else b"200 OK"
+    writer.write(b"HTTP/1.1 %s\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n" % status)
     if mode == "flood":
         await _flood(self, writer, chat)
         return
@@ -256,6 +270,31 @@ async def _hostile_stream(self: Behaviour, body: dict, chat: bool, writer: async
     for event in events:
         writer.write(b"%x\r\n%s\r\n" % (len(event), event))
     writer.write(b"0\r\n\r\n")
+
+
+_BAD_SECOND_EVENT = {
+    "bad_json": b"data: {not json at all\n\n",
+    "not_utf8": b'data: {"id": "x", "choices": [{"index": 0, "delta": {"content": "\xff\xfe"}, "finish_reason": null}]}\n\n',
+    "bad_index": _event({"id": "x", "choices": [{"index": 7, "delta": {"content": "x"}, "finish_reason": None}]}),
+    "bad_tool_calls": _event({"id": "x", "choices": [{"index": 0, "delta": {"tool_calls": [
+        {"index": "zero", "function": {"arguments": 5}}]}, "finish_reason": None}]}),
+}
+
+
+def _cut_or_counted(mode: str, body: dict, chat: bool, events: list[bytes]) -> list[bytes]:
+    """The stream modes that change how it ends or what usage it reports."""
+    if mode == "running_usage":
+        return stream_events({**body, "stream_options": {"include_usage": True, "continuous_usage_stats": True}},
+                             chat)
+    if mode == "truncated":
+        return events[:2]
+    if mode == "no_done":
+        return events[:-1]
+    if mode == "bad_final_usage":
+        closing = json.loads(events[-2][6:])
+        closing["usage"]["completion_tokens"] = -5
+        return events[:-2] + [_event(closing), events[-1]]
+    return events
 
 
 async def _flood(self: Behaviour, writer: asyncio.StreamWriter, chat: bool) -> None:

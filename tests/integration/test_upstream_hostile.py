@@ -3,7 +3,10 @@ failures (fallback to the next tier, counted by its breaker), CRLF event streams
 by event, and nothing of the upstream's address or of what it sent reaches the client (the
 x-tiergate-fallbacks header, 503 bodies, SSE error events); operators find it in the logs. With
 no tier left, a timeout is a 504, an overloaded upstream's 429 or 503 a 503 with its Retry-After,
-and any other failure a 503 naming its reason code."""
+and any other failure a 503 naming its reason code. A stream is relayed only as events a client
+can read, and only as a whole answer: a malformed event or a body that ends before [DONE] and
+before every choice finished ends it with an error event; its usage is its last report, and
+usage that is not a count is ignored rather than failing an answer already sent."""
 
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ import json
 import logging
 
 import httpx
+import openai
 import pytest
 
 from tests.fakes.upstream import ANSWER
@@ -93,7 +97,7 @@ def test_a_malformed_answer_falls_back_and_counts_against_the_tier(setup, hostil
     assert (after.calls, after.failures) == (before.calls + 1, before.failures + 1)
 
 
-@pytest.mark.parametrize("mode", ["garbage", "non_object", "bad_usage", "huge"])
+@pytest.mark.parametrize("mode", ["garbage", "non_object", "huge"])
 def test_a_malformed_stream_falls_back_before_any_byte(setup, hostile, mode):
     gw, _ = setup
     _control(hostile, mode=mode, huge_bytes=2 << 20)
@@ -153,7 +157,10 @@ def test_failures_tell_the_client_a_reason_code_and_the_operator_the_detail(setu
     assert "http_500" in logged and "failing on purpose" not in logged
 
 
-@pytest.mark.parametrize("mode,code", [("reset", "protocol_error"), ("error_event", "stream_error")])
+@pytest.mark.parametrize("mode,code", [("reset", "protocol_error"), ("error_event", "stream_error"),
+                                       ("truncated", "truncated_stream"), ("bad_json", "bad_event"),
+                                       ("not_utf8", "bad_event"), ("bad_index", "bad_chunk"),
+                                       ("bad_tool_calls", "bad_chunk")])
 def test_a_stream_that_breaks_after_its_first_event_ends_with_a_safe_error_event(setup, hostile, mode, code):
     gw, _ = setup
     _control(hostile, mode=mode)
@@ -191,3 +198,69 @@ def test_an_upstream_that_times_out_with_nowhere_to_go_is_a_504(setup, hostile):
     resp = _chat(gw, "impatient")
     error = resp.json()["error"]
     assert resp.status_code == 504 and error["code"] == "upstream_timeout" and "read_timeout" in error["message"]
+
+
+def test_a_cut_stream_is_an_error_to_the_openai_client_not_an_answer(setup, hostile):
+    gw, _ = setup
+    client = openai.OpenAI(base_url=f"{gw.base}/v1", api_key="unused", max_retries=0)
+    for mode in ("truncated", "bad_tool_calls"):
+        _control(hostile, mode=mode)
+        with pytest.raises(openai.APIError, match="the upstream tier failed"):
+            list(client.chat.completions.create(model="h-first", messages=MSG, stream=True))
+
+
+def test_a_stream_with_every_choice_finished_but_no_done_is_whole(setup, hostile):
+    gw, _ = setup
+    _control(hostile, mode="no_done")
+    before = _breaker(gw)
+    resp, lines = _stream(gw, "h-first")
+    assert resp.headers["x-tiergate-tier"] == "hostile" and _text(_events(lines)) == ANSWER
+    assert lines[-1] == "data: [DONE]" and not any("error" in e for e in _events(lines))
+    assert _breaker(gw).failures == before.failures
+
+
+def test_usage_in_every_chunk_is_counted_once_as_its_last_report(setup, hostile, caplog):
+    """The upstream sends the usage so far in every chunk, the last content chunk included, and
+    then the closing usage chunk (vLLM's continuous usage stats, not asked for): summed, a
+    9-word answer counted 63 completion tokens."""
+    gw, _ = setup
+    caplog.set_level(logging.INFO, logger="tiergate.requests")
+    _control(hostile, mode="running_usage")
+    resp, lines = _stream(gw, "h-only", stream_options={"include_usage": True})
+    events = _events(lines)
+    assert _text(events) == ANSWER and events[-1]["usage"]["completion_tokens"] == len(ANSWER.split())
+    line = logged_request(caplog, resp.headers["x-request-id"])
+    assert (line["prompt_tokens"], line["completion_tokens"]) == (len(MSG[0]["content"].split()), len(ANSWER.split()))
+
+
+@pytest.mark.parametrize("mode,counted", [("bad_final_usage", 0), ("bad_usage", len(ANSWER.split()))])
+def test_usage_that_is_not_a_count_is_ignored_not_an_error(setup, hostile, caplog, mode, counted):
+    """A negative count in the closing usage chunk (or in a usage chunk before the answer, whose
+    own closing chunk then counts) leaves the answer whole; without usage the stream is charged
+    as any stream without usage is."""
+    gw, _ = setup
+    caplog.set_level(logging.INFO, logger="tiergate.requests")
+    _control(hostile, mode=mode)
+    before = _breaker(gw)
+    resp, lines = _stream(gw, "h-first", stream_options={"include_usage": True})
+    events = _events(lines)
+    assert resp.headers["x-tiergate-tier"] == "hostile" and "x-tiergate-fallbacks" not in resp.headers
+    assert _text(events) == ANSWER and lines[-1] == "data: [DONE]"
+    usages = [e["usage"] for e in events if e.get("usage")]
+    assert all(u["prompt_tokens"] >= 0 and u["completion_tokens"] >= 0 for u in usages)   # not relayed
+    assert _breaker(gw).failures == before.failures
+    line = logged_request(caplog, resp.headers["x-request-id"])
+    assert line["completion_tokens"] == counted and line["error"] is None
+
+
+def test_a_redirect_is_a_tier_failure_whatever_its_body(setup, hostile):
+    gw, _ = setup
+    _control(hostile, mode="redirect_json")
+    before = _breaker(gw)
+    plain = _chat(gw, "h-first")
+    streamed, lines = _stream(gw, "h-first")
+    for resp in (plain, streamed):
+        assert resp.status_code == 200 and resp.headers["x-tiergate-tier"] == "up"
+        assert resp.headers["x-tiergate-fallbacks"] == "hostile: tier_failure"
+    assert _text(_events(lines)) == ANSWER
+    assert _breaker(gw).failures == before.failures + 2

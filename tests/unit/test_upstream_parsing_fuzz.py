@@ -13,16 +13,9 @@ from pydantic_core import to_json
 
 from gateway.tiers.base import TierFailure
 from gateway.tiers.http_conn import HTTPConnection
-from gateway.tiers.upstream_answers import (
-    AnswerFacts,
-    EventSplitter,
-    StreamReader,
-    answer_logprobs,
-    read_answer,
-    read_usage,
-    strip_logprobs,
-)
+from gateway.tiers.upstream_answers import AnswerFacts, answer_logprobs, read_answer, read_usage, strip_logprobs
 from gateway.tiers.upstream_errors import UpstreamFailure
+from gateway.tiers.upstream_stream import EventSplitter, StreamReader
 
 FUZZ = settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -62,9 +55,9 @@ def _pieces(raw: bytes, cuts: list[int]) -> list[bytes]:
     return out
 
 
-def _read_stream(pieces: list[bytes], keep_text: bool, record: bool, limit: int = 1 << 16) -> list:
+def _read_stream(pieces: list[bytes], keep_text: bool, chat: bool = True, limit: int = 1 << 16) -> list:
     facts = AnswerFacts(keep_text)
-    reader = StreamReader(limit, facts, record)
+    reader = StreamReader(limit, facts, chat=chat, choices=2, n=2)
     events = []
     try:
         for piece in pieces:
@@ -72,6 +65,8 @@ def _read_stream(pieces: list[bytes], keep_text: bool, record: bool, limit: int 
         events.extend(reader.end())
     except UpstreamFailure:
         pass
+    usage = reader.usage.total
+    assert usage is None or min(usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens) >= 0
     facts.finish(_Span())
     return events
 
@@ -94,19 +89,22 @@ def _read_whole(raw: bytes) -> None:
 
 @FUZZ
 @given(raw=sse_bytes, cuts=st.lists(st.integers(min_value=0), max_size=6), keep_text=st.booleans(),
-       record=st.booleans())
-def test_any_stream_bytes_give_events_or_a_tier_failure(raw, cuts, keep_text, record):
-    for event, usage, usage_only in _read_stream(_pieces(raw, cuts), keep_text, record):
-        assert event.endswith(b"\n\n") and b"\r" not in event
-        assert usage is None or usage.prompt_tokens >= 0
+       chat=st.booleans())
+def test_any_stream_bytes_give_events_or_a_tier_failure(raw, cuts, keep_text, chat):
+    for event, usage_only in _read_stream(_pieces(raw, cuts), keep_text, chat):
+        assert event.startswith(b"data: ") and event.endswith(b"\n\n") and event.count(b"\n") == 2
         assert isinstance(usage_only, bool)
 
 
 @FUZZ
-@given(value=json_values, keep_text=st.booleans())
-def test_any_json_event_gives_events_or_a_tier_failure(value, keep_text):
+@given(value=json_values, keep_text=st.booleans(), chat=st.booleans())
+def test_any_json_event_gives_events_or_a_tier_failure(value, keep_text, chat):
     raw = json.dumps(value).encode()
-    _read_stream([b"data: " + raw + b"\n\n", b"data: " + raw + b"\n\ndata: [DONE]\n\n"], keep_text, True)
+    _read_stream([b"data: " + raw + b"\n\n", b"data: " + raw + b"\n\ndata: [DONE]\n\n"], keep_text, chat)
+    if isinstance(value, dict):      # as a choice of a chunk, where the shape checks look
+        chunk = json.dumps({"choices": [{**value, "index": 0}], "usage": value.get("usage")}).encode()
+        for event, _ in _read_stream([b"data: " + chunk + b"\n\n"], keep_text, chat):
+            json.loads(event[6:])
 
 
 @FUZZ
@@ -128,9 +126,9 @@ def test_any_json_answer_gives_an_answer_or_a_tier_failure(value):
 def test_line_ends_do_not_change_the_events(raw, cuts):
     """CRLF, CR and LF line ends give the same events, however the bytes are cut."""
     lf = raw.replace(b"\r", b"")
-    expected = _read_stream([lf], False, False)
-    assert _read_stream(_pieces(lf.replace(b"\n", b"\r\n"), cuts), False, False) == expected
-    assert _read_stream(_pieces(lf.replace(b"\n", b"\r"), cuts), False, False) == expected
+    expected = _read_stream([lf], False)
+    assert _read_stream(_pieces(lf.replace(b"\n", b"\r\n"), cuts), False) == expected
+    assert _read_stream(_pieces(lf.replace(b"\n", b"\r"), cuts), False) == expected
 
 
 class _Transport:
@@ -195,15 +193,16 @@ def test_crlf_stream_is_read_event_by_event_with_its_usage():
     events = [b'data: {"choices": [{"index": 0, "delta": {"content": "a"}}]}',
               b'data: {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 1}}', b"data: [DONE]"]
     raw = b"".join(e + b"\r\n\r\n" for e in events)
-    out = _read_stream([raw[i:i + 7] for i in range(0, len(raw), 7)], False, False)
-    assert [e for e, _, _ in out] == [e + b"\n\n" for e in events]
-    assert out[1][1].prompt_tokens == 3 and out[1][2] is True
+    reader = StreamReader(1 << 16, AnswerFacts(False), chat=True, choices=1)
+    out = [e for i in range(0, len(raw), 7) for e in reader.feed(raw[i:i + 7])] + reader.end()
+    assert [e for e, _ in out] == [e + b"\n\n" for e in events]
+    assert reader.usage.total.prompt_tokens == 3 and out[1][1] is True
 
 
 def test_an_error_event_and_non_sse_text_are_failures():
     for raw, code in ((b'data: {"error": {"message": "at http://10.0.0.1"}}\n\n', "stream_error"),
                       (b"<html>bad gateway</html>\n\n", "bad_event"), (b"data: [1, 2]\n\n", "bad_event")):
-        reader = StreamReader(1 << 16, AnswerFacts(False), False)
+        reader = StreamReader(1 << 16, AnswerFacts(False), chat=True, choices=1)
         try:
             reader.feed(raw)
         except UpstreamFailure as exc:
