@@ -194,10 +194,14 @@ class Attempt:
         usage = self.request.ctx.usage
         prompt = usage.prompt_tokens - self._usage_at_start[0]
         completion = usage.completion_tokens - self._usage_at_start[1]
+        bound_prompt, bound_output = self.estimate
         if prompt or completion:       # what the tier reported during this attempt
-            return prompt, completion
+            # The reservation bounds what the tier can count (it was sent the max_tokens reserved):
+            # a tier reporting more is wrong, and one answer must not charge a tenant's (or a
+            # tier's) whole budget away.
+            return min(prompt, bound_prompt), min(completion, bound_output)
         if events:                     # a stream cut short before its usage chunk: one token per event
-            return self.estimate[0], events
+            return bound_prompt, min(events, bound_output)
         if answered:                   # no usage reported: charged what was reserved, never free
             return self.estimate
         if self._first_chunk:          # a stream whose relay never ran: its first event was made

@@ -24,7 +24,7 @@ from gateway.cache_salt import PrefixScopes
 from gateway.cascade_gate import CascadeGate, Escalate
 from gateway.chain_walk import ChainWalk
 from gateway.context import RequestContext
-from gateway.errors import GatewayError
+from gateway.errors import GatewayError, unknown_model
 from gateway.request_body import CLOSE, OFF_LOOP_BYTES, check_choices, parse_request, read_body
 from gateway.request_limits import RequestLimits, api_key_label
 from gateway.runtime import Runtime, RuntimeHolder
@@ -123,11 +123,10 @@ class Pipeline:
             request.limits = limits = self._limits(rt, ctx, call, request.trace, head)
             if body.stream:
                 return await self._stream(rt, limits, call, decision)
-            work = self._complete(rt, limits, call, decision)
-            tiers = decision.chain if decision.cascade is None else (*decision.chain, decision.cascade.to)
-            if any(rt.tiers[t].kind == "embedded" for t in tiers):
-                work = _unless_client_leaves(work, receive)   # a long generation is freed at once
-            answer = await work
+            # A client that leaves frees its generation at once: an engine's sequence is aborted,
+            # an upstream's connection closed (which stops its generation), and the request's
+            # connection share, concurrency slot and breaker probe are given back.
+            answer = await _unless_client_leaves(self._complete(rt, limits, call, decision), receive)
             return BytesResponse(200, answer.body, _headers(ctx))
         except GatewayError as exc:
             ctx.status, ctx.error = exc.status, exc.message
@@ -140,12 +139,9 @@ class Pipeline:
         """`big`: the body is big enough that counting its prompt tokens (chat template + BPE) runs
         in a worker thread, off the event loop; the count is then always taken here."""
         ctx.model, ctx.stream, ctx.user = body.model, body.stream, body.user
-        if not rt.router.knows(body.model):
-            raise GatewayError(404, f"The model '{body.model}' does not exist", param="model", code="model_not_found")
         tenant = rt.tenant(ctx.tenant)
-        if tenant.models is not None and body.model not in tenant.models:
-            raise GatewayError(404, f"The model '{body.model}' does not exist or you do not have access to it",
-                               param="model", code="model_not_found")
+        if not rt.router.knows(body.model) or tenant.models is not None and body.model not in tenant.models:
+            raise unknown_model(body.model)
         ctx.tenant_class, ctx.priority = tenant.tenant_class, tenant.priority
         ctx.prefix_scope = self.prefix_scopes.scope(rt.config.server.prefix_cache_secret(), ctx.tenant,
                                                     tenant.prefix_cache, body.cache_salt)
@@ -297,14 +293,24 @@ async def _relay(ctx: RequestContext, attempt: Attempt, held: list[bytes], chunk
     relayed, outcome, error_type = len(held), Outcome.SUCCESS, None
     last = b""           # the last chunk yielded: [DONE] there makes a close the end of a whole answer
     started = time.perf_counter()
+    deadline = attempt.request.deadline
     try:
         for chunk in held:
             yield chunk
             last = chunk
         async for chunk in chunks:
+            # The deadline bounds a stream's whole time too (the budgets' reservation TTL is set
+            # past it): checked per chunk, since a timer cannot span the generator's yields; a
+            # tier that sends nothing is bounded by its own read timeout.
+            if deadline.expired:
+                raise _StreamDeadline(attempt.request.deadline_error())
             relayed += 1
             yield chunk
             last = chunk
+    except _StreamDeadline as cut:
+        error = cut.error
+        ctx.error, outcome, error_type = error.message, Outcome.CANCELLED, type(error).__name__
+        yield sse_error_event(error.message, error.type, error.param, error.code)
     except (TierFailure, GatewayError) as exc:
         # Bytes already went out: no fallback now; tell the client in the stream itself.
         failed = isinstance(exc, TierFailure)
@@ -327,6 +333,14 @@ async def _relay(ctx: RequestContext, attempt: Attempt, held: list[bytes], chunk
         await chunks.aclose()   # the tier's own finally puts usage on the span first
         # Reconciled once with the usage so far (also when the client left).
         await attempt.end(outcome, ctx.usage, relayed, error_type=error_type)
+
+
+class _StreamDeadline(Exception):
+    """The request's deadline passed while its stream was relayed (not the tier's failure)."""
+
+    def __init__(self, error: GatewayError):
+        super().__init__(error.message)
+        self.error = error
 
 
 async def _unless_client_leaves(work, receive):

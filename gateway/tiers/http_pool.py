@@ -126,6 +126,11 @@ class PooledTransport(httpx.AsyncBaseTransport):
         except _READ_ERRORS as exc:
             conn.close()
             raise httpx.RemoteProtocolError(f"bad answer from the upstream: {exc}", request=request) from None
+        except BaseException:
+            # Cancelled while waiting (the client left, the deadline passed): hanging up is what
+            # tells the upstream to stop generating; the connection is in an unknown state anyway.
+            conn.close()
+            raise
         stream = _BodyStream(self, key, conn, request, timeouts.get("read"))
         return httpx.Response(conn.status, headers=conn.headers, stream=stream, extensions={
             "http_version": b"HTTP/1.0" if conn.http10 else b"HTTP/1.1", "reason_phrase": conn.reason})
