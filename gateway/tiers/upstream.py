@@ -175,8 +175,9 @@ class UpstreamTier(Tier):
                 attributes["tiergate.upstream.failure_detail"] = failure.detail[:2000]
             span.span.add_event("tiergate.upstream.failed", attributes)
         if mid_stream:
-            log.warning("tier %s failed mid-stream for %s: %s: %s", self.name, call.ctx.request_id,
-                        failure.code, failure.detail)
+            detail = f": {failure.detail}" if span.content_permitted else ""
+            log.warning("tier %s failed mid-stream for %s: %s%s", self.name, call.ctx.request_id,
+                        failure.code, detail)
 
     async def _check_status(self, response: httpx.Response) -> None:
         status = response.status_code

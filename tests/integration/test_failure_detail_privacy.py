@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from policies.config import hash_api_key
+from tests.fakes.upstream import _INTERNAL
 from tests.gateway_harness import InstantUpstream, RunningGateway, logged_request
 
 PLAIN_KEY = "sk-detail-plain-0123456789"
@@ -36,6 +37,7 @@ tiers:
 models:
   a: {{chain: [flaky_a, steady]}}
   b: {{chain: [flaky_b, steady]}}
+  s: {{chain: [steady]}}
 limits:
   retry: {{min_retries_per_window: 1000}}
   breakers: {{by_name: {{flaky_a: {{min_calls: 2, failure_rate: 0.5, open_s: 600}},
@@ -50,6 +52,7 @@ def gateway(tmp_path):
     path = tmp_path / "gateway.yaml"
     path.write_text(_config(failing.base_url, steady.base_url))
     gw = RunningGateway(path)
+    gw.steady_port = steady.port
     yield gw
     gw.stop()
     failing.stop()
@@ -90,3 +93,28 @@ def test_upstream_bytes_reach_logs_and_console_only_with_content_permission(gate
     assert UPSTREAM_BYTES in decisions[audited[0]]["fallbacks"][0]["detail"]
     assert history["flaky_a"][0]["event"] == "opened" and UPSTREAM_BYTES not in history["flaky_a"][0]["why"]
     assert "http_500" in history["flaky_a"][0]["why"] and UPSTREAM_BYTES in history["flaky_b"][0]["why"]
+
+
+def test_a_failure_mid_stream_is_logged_with_its_bytes_only_with_content_permission(gateway, caplog):
+    """After the first event the upstream tier logs the failure itself (the chain walk is done)."""
+    caplog.set_level(logging.INFO)
+    control = f"http://127.0.0.1:{gateway.steady_port}/__control"
+    httpx.post(control, json={"mode": "error_event"}, timeout=10).raise_for_status()
+    try:
+        ids = {}
+        for name, key in (("plain", PLAIN_KEY), ("audited", AUDITED_KEY)):
+            with httpx.stream("POST", f"{gateway.base}/v1/chat/completions", timeout=30,
+                              headers={"authorization": f"Bearer {key}"},
+                              json={"model": "s", "stream": True, "max_tokens": 3,
+                                    "messages": [{"role": "user", "content": "private words"}]}) as resp:
+                body = resp.read().decode()
+            assert resp.status_code == 200 and '"error"' in body and _INTERNAL not in body
+            ids[name] = resp.headers["x-request-id"]
+            logged_request(caplog, ids[name])
+    finally:
+        httpx.post(control, json={"mode": None}, timeout=10)
+    warnings = [r.getMessage() for r in caplog.records if "mid-stream" in r.getMessage()]
+    plain = [w for w in warnings if ids["plain"] in w]
+    audited = [w for w in warnings if ids["audited"] in w]
+    assert plain and audited
+    assert not any(_INTERNAL in w for w in plain) and any(_INTERNAL in w for w in audited)
