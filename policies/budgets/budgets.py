@@ -179,11 +179,14 @@ class Budgets:
             self._queue_usage(reservation, tokens, cost)
             return FinishStatus.QUEUED
         try:
-            return await self._store.finish(reservation, tokens, cost, tomb)
+            status = await self._store.finish(reservation, tokens, cost, tomb)
         except StoreError as exc:
             self._mark_down(exc)
             self._queue_usage(reservation, tokens, cost)
             return FinishStatus.QUEUED
+        if status is FinishStatus.APPLIED:
+            self._local.settled(reservation, tokens, cost)     # what a later outage starts from
+        return status
 
     def _mark_down(self, exc: Exception) -> None:
         self.stats["store_failures"] += 1

@@ -7,6 +7,10 @@ used + reserved (after the request it admitted), and the limiter keeps the lates
 scope and period. Admitting locally, each budget limit is lowered by that known usage, and the
 local store counts what is admitted from then on. (So during an outage what was reserved counts
 as used: a budget that was full only with requests in flight is refused as spent, not held.)
+A request the shared store admitted and then settled for less than it reserved lowers the
+figures it was counted in by the difference (`settled`): without it a replica's last figure
+would keep every finished request at its whole reservation, and an outage would refuse a
+tenant with most of its budget left, until the period renewed.
 
 Usage admitted locally is replayed to the shared store later; a decision seen after such a
 replay already includes it, while the local store still counts it. So each observation keeps
@@ -85,6 +89,17 @@ class FailOpenLimiter:
                 rep[2] += cost
                 self._replayed.move_to_end(key)
         self._trim(self._replayed)
+
+    def settled(self, reservation: Reservation, tokens: int, cost: int) -> None:
+        """A reservation the shared store admitted (its figures, seen then and since, hold it
+        whole) was reconciled there with what it used."""
+        unused_t, unused_c = max(0, reservation.tokens - tokens), max(0, reservation.cost_nano - cost)
+        for scope, flags in zip(reservation.scopes, reservation.budget_flags):
+            for kind, bit, label in ((_DAY, 1, reservation.day), (_MONTH, 2, reservation.month)):
+                seen = self._seen.get((scope, kind)) if flags & bit else None
+                if seen is not None and seen.label == label:
+                    seen.tokens = max(0, seen.tokens - unused_t)
+                    seen.cost = max(0, seen.cost - unused_c)
 
     def known(self, scope: str, kind: str, label: str) -> tuple[int, int]:
         """(tokens, nano-USD) counted against this scope's budget in that period before the local

@@ -89,3 +89,20 @@ async def test_a_reload_during_an_outage_keeps_the_local_count(server):
     assert usage.used_tokens_day == 200                         # (a restart without persistence lost the rest)
     await limits.close()
     await reloaded.close()
+
+
+async def test_an_outage_starts_from_what_finished_requests_used_not_what_they_reserved(server):
+    """A request reserves its whole max_tokens and uses a little: the figure an outage starts
+    from is what it used, so the tenant keeps the rest of its budget while Redis is down."""
+    budgets = Budgets.from_config(_config(server.url, "s" + uuid.uuid4().hex[:8]))
+    admission = await budgets.reserve(ACME, 50, 800)
+    assert admission.allowed and not admission.degraded
+    await budgets.reconcile(admission.reservation, 50, 10)     # 60 used of the 850 reserved
+    await asyncio.to_thread(server.kill)
+    admission = await budgets.reserve(ACME, 50, 800)           # 60 + 850 fit in 1000
+    assert admission.allowed and admission.degraded
+    await budgets.reconcile(admission.reservation, 50, 10)
+    refused = await budgets.reserve(ACME, 50, 900)             # 120 + 950 do not
+    assert not refused.allowed and refused.limit_kind == "tokens_per_day"
+    await asyncio.to_thread(server.start)
+    await budgets.close()

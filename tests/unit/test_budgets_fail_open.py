@@ -79,3 +79,14 @@ async def test_a_local_refusal_within_the_whole_budget_renews_with_the_period():
     assert too_big.code == "tokens_per_day" and too_big.retry_after_s is None     # beyond the whole budget
     admitted = await limiter.reserve(ReservePlan("r3", (RULE,), 50, 0, 900.0, 3600.0))
     assert admitted.code == "ok"
+
+
+def test_a_shared_reservation_settled_for_less_lowers_the_figures_it_was_seen_in():
+    limiter = FailOpenLimiter(clock_us=lambda: NOW_US)
+    limiter.observe((RULE,), _decision(850, 900))                    # 850 of it this request's hold
+    shared = Reservation(uuid.uuid4().hex, None, 850, 0, DAY, MONTH, ("t:acme",), (3,), 0)
+    limiter.settled(shared, 60, 0)
+    assert limiter.known("t:acme", "d", DAY) == (60, 0)
+    assert limiter.known("t:acme", "m", MONTH) == (110, 0)
+    limiter.settled(Reservation("x", None, 100, 0, "19700101", MONTH, ("t:acme",), (1,), 0), 0, 0)
+    assert limiter.known("t:acme", "d", DAY) == (60, 0)              # another day's reservation
