@@ -81,6 +81,8 @@ class BreakerSettings(_Strict):
     window_s: float = Field(30.0, gt=0, description="sliding window of the failure and slow rates")
     min_calls: int = Field(20, ge=1, description="calls in the window before the breaker may trip")
     failure_rate: float = Field(0.5, gt=0, le=1, description="failed / calls that opens the breaker")
+    # A time to first token grows with the prompt: set above the TTFT of the longest prompt the
+    # tier takes, or one tenant's long prompts count as slow calls for every tenant.
     slow_ttft_s: float | None = Field(None, gt=0, description="a time to first token above this is slow")
     slow_rate: float = Field(0.8, gt=0, le=1, description="slow / calls that opens the breaker")
     open_s: float = Field(15.0, gt=0, description="how long an open breaker refuses before probing")

@@ -126,7 +126,11 @@ class UpstreamTierConfig(_TierBase):
     served_name: str | None = None
     api_key_env: str | None = Field(None, description="environment variable holding the upstream's API key")
     connect_timeout_s: float = Field(5.0, gt=0)
-    read_timeout_s: float = Field(120.0, gt=0, description="longest wait for the next byte of the answer")
+    # A whole (non-streamed) answer's first byte comes when it is all generated: below the longest
+    # generation the tier is asked for, one tenant's long answers time out and open its breaker
+    # for every tenant.
+    read_timeout_s: float = Field(120.0, gt=0, description="longest wait for the next byte of the answer "
+                                  "(for a whole answer: its whole generation)")
     max_in_flight: int | None = Field(
         None, gt=0, description="above this many calls open to the tier, routing passes it over for the next "
                                 "tier of the chain; when every tier left is busy, the first busy one takes it")
