@@ -10,10 +10,12 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import time
 from contextlib import asynccontextmanager
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -26,6 +28,7 @@ from gateway.errors import GatewayError, error_response, unknown_model
 from gateway.openapi import openapi_document
 from gateway.pipeline import Pipeline
 from gateway.reload import ConfigReloader
+from gateway.request_ids import RequestIds
 from gateway.runtime import RuntimeHolder
 from gateway.telemetry.metrics import METRICS_OPENAPI, metrics_endpoint
 from gateway.telemetry.setup import Telemetry, build_telemetry
@@ -43,8 +46,8 @@ def freeze_heap() -> None:
     gc.freeze()
 
 
-def _model_card(alias: str) -> dict:
-    return {"id": alias, "object": "model", "created": 0, "owned_by": "tiergate"}
+def _model_card(alias: str, created: int) -> dict:
+    return {"id": alias, "object": "model", "created": created, "owned_by": "tiergate"}
 
 
 def build_app(holder: RuntimeHolder, reloader: ConfigReloader | None = None,
@@ -65,6 +68,7 @@ def build_app(holder: RuntimeHolder, reloader: ConfigReloader | None = None,
     # By (config generation, the caller's model ids): a reload may change the names, tenants differ.
     documents: dict[tuple[int, tuple[str, ...]], dict] = {}
     background: set[asyncio.Task] = set()
+    created = int(time.time())       # a model card's `created`: when this gateway began serving it
 
     async def healthz(_: Request) -> Response:
         return JSONResponse({"status": "ok"})
@@ -87,7 +91,7 @@ def build_app(holder: RuntimeHolder, reloader: ConfigReloader | None = None,
             tenant, _ = rt.keys.authenticate(request.headers.get("authorization"))
         except GatewayError as exc:
             return exc.response()
-        data = [_model_card(alias) for alias in rt.models_for(rt.tenant(tenant))]
+        data = [_model_card(alias, created) for alias in rt.models_for(rt.tenant(tenant))]
         return JSONResponse({"object": "list", "data": data})
 
     async def model(request: Request) -> Response:
@@ -100,7 +104,7 @@ def build_app(holder: RuntimeHolder, reloader: ConfigReloader | None = None,
                 raise unknown_model(name)
         except GatewayError as exc:
             return exc.response()
-        return JSONResponse(_model_card(name))
+        return JSONResponse(_model_card(name, created))
 
     async def openapi_json(request: Request) -> Response:
         """The document states the model ids the caller may use (a schema-driven client reaches the
@@ -168,7 +172,9 @@ def build_app(holder: RuntimeHolder, reloader: ConfigReloader | None = None,
         Route("/metrics", admin.guard(metrics_endpoint(telemetry.metrics)), methods=["GET"], name="metrics"),
         *console_routes(admin, ConsoleState(holder, console, reloader)),
     ]
+    pipeline_paths = frozenset(r.path for r in routes[:2])
     app = Starlette(routes=routes, lifespan=lifespan,
+                    middleware=[Middleware(RequestIds, own_ids=pipeline_paths)],
                     exception_handlers={HTTPException: http_error, Exception: server_error})
     # Starlette would answer `/metrics/` with a 307 to a Location built from the client's Host
     # header (an open redirect); a path that is not ours is a 404 in OpenAI form instead.

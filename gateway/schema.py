@@ -119,6 +119,8 @@ MAX_MODEL_CHARS = 256
 # token): the body cap alone would still admit hundreds of thousands of them.
 MAX_MESSAGES = 2048
 MAX_PROMPTS = 2048
+MAX_N = 128                          # OpenAI's bound; server.max_choices_per_request caps prompts x n
+DEFAULT_COMPLETION_TOKENS = 16       # /v1/completions' max_tokens when the client sends none
 MAX_PROMPT_TOKEN_IDS = 1 << 20       # longer than any context
 
 # What the validators below enforce, stated in /openapi.json (the schema only; validation and its
@@ -142,8 +144,8 @@ class _Sampling(_Body):
     model: str = Field(min_length=1, max_length=MAX_MODEL_CHARS)
     max_tokens: int | None = Field(None, ge=1, le=MAX_OUTPUT_TOKENS)
     temperature: float | None = Field(None, ge=0, le=2)
-    top_p: float | None = Field(None, gt=0, le=1)
-    n: Annotated[int, _or_null({"type": "integer", "minimum": 1, "maximum": 16})] = Field(1, ge=1, le=16)
+    top_p: float | None = Field(None, ge=0, le=1)      # 0: OpenAI's range; the likeliest token only
+    n: Annotated[int, _or_null({"type": "integer", "minimum": 1, "maximum": MAX_N})] = Field(1, ge=1, le=MAX_N)
     stop: Annotated[str | list[str] | None, WithJsonSchema(_STOP_SCHEMA)] = None
     seed: int | None = Field(None, ge=SEED_RANGE[0], le=SEED_RANGE[1])
     stream: Annotated[bool, _BOOL_OR_NULL] = False
@@ -260,7 +262,7 @@ class CompletionRequest(_Sampling):
     logprobs: int | None = Field(None, ge=0, le=20)
     echo: Annotated[bool, _BOOL_OR_NULL] = False
     suffix: str | None = None
-    best_of: int | None = Field(None, ge=1, le=16)
+    best_of: int | None = Field(None, ge=1, le=MAX_N)
 
     _whole_completion_ints = field_validator("logprobs", "best_of", "prompt", mode="before")(_whole)
     _completion_nulls = field_validator("echo", mode="before")(_null_is_default)
@@ -286,6 +288,15 @@ class CompletionRequest(_Sampling):
         if value is not None and value < info.data.get("n", 1):
             raise ValueError("best_of must be at least n")
         return value
+
+    @model_validator(mode="after")
+    def _default_max_tokens(self) -> CompletionRequest:
+        # OpenAI's legacy completions (and vLLM's) generate 16 tokens unless told otherwise, where
+        # chat runs to the context's end. Set, not defaulted, so an upstream is sent it too (a
+        # server with another default would outgrow the reservation).
+        if self.max_tokens is None:
+            self.max_tokens = DEFAULT_COMPLETION_TOKENS
+        return self
 
     @property
     def output_limit(self) -> int | None:

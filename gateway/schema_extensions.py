@@ -120,7 +120,7 @@ class ChatExtensions(_Extensions):
     verbosity: _Name | None = None
     web_search_options: _Object | None = None
     # ---- vLLM
-    best_of: Annotated[int, Field(ge=1, le=16)] | None = None
+    best_of: Annotated[int, Field(ge=1, le=128)] | None = None    # schema.MAX_N
     echo: bool | None = None
     add_generation_prompt: bool | None = None
     continue_final_message: bool | None = None

@@ -37,6 +37,10 @@ _NEUTRAL_CHAT = {"functions": ([],), "function_call": ("", {}), "chat_template":
 
 Job = tuple[int, list[int], SamplingParams]      # (choice index, prompt ids, sampling)
 
+# OpenAI's top_p 0 keeps the likeliest token: the engine's nucleus takes a positive mass, and
+# any below the top token's probability keeps just that token.
+LIKELIEST_ONLY_TOP_P = 1e-9
+
 
 def derive_seed(seed: int | None, index: int) -> int | None:
     """Choice 0 keeps the request's seed; the others get distinct seeds derived from it."""
@@ -115,7 +119,8 @@ def engine_jobs(call: TierCall, prompts: list[list[int]], engine: LLMEngine, dra
         for i in range(body.n):
             params = SamplingParams(
                 max_tokens=max_tokens, temperature=1.0 if body.temperature is None else body.temperature,
-                top_p=1.0 if body.top_p is None else body.top_p, top_k=body.top_k or 0, min_p=body.min_p or 0.0,
+                top_p=1.0 if body.top_p is None else max(body.top_p, LIKELIEST_ONLY_TOP_P),
+                top_k=body.top_k or 0, min_p=body.min_p or 0.0,
                 seed=derive_seed(body.seed, p_index * body.n + i), stop=body.stop_list(),
                 ignore_eos=body.ignore_eos, stop_token_ids=list(extra.get("stop_token_ids") or ()),
                 include_stop_str_in_output=bool(extra.get("include_stop_str_in_output")),

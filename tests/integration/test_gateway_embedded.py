@@ -53,6 +53,16 @@ def test_chat_equals_the_engine_answer(client, reference):
     assert resp.object == "chat.completion" and resp.model == "smol"
 
 
+def test_top_p_0_samples_the_likeliest_token_only(client, reference):
+    """OpenAI's top_p range starts at 0: the nucleus then holds the likeliest token alone, so a
+    sampled answer at temperature 1 is the greedy one."""
+    expected, _ = reference(QUESTION, 12)
+    for seed in (1, 2):
+        resp = client.chat.completions.create(model="smol", messages=QUESTION, temperature=1, top_p=0, seed=seed,
+                                              max_tokens=12)
+        assert resp.choices[0].message.content == expected
+
+
 def test_stream_concatenates_to_the_same_answer(client, reference):
     expected, prompt_len = reference(QUESTION, 24)
     chunks = list(client.chat.completions.create(model="smol", messages=QUESTION, temperature=0, max_tokens=24,
