@@ -108,6 +108,10 @@ class ToolCallParser:
     # tags (small Qwen models answer `{"name": "get_weather", "arguments": {...}}` bare) is a call
     # to one of them too; otherwise it stays content.
     names: frozenset[str] | None = None
+    # The request forced a call (tool_choice required or a named function): its grammar admits
+    # calls only, so a call cut short by max_tokens before its name is whole is nothing a client
+    # can use, and never the model's words: dropped, not handed out as content.
+    forced: bool = False
     calls: list[ToolCall] = field(default_factory=list)
     _buffer: str = ""
     _in_call: bool = False
@@ -136,9 +140,13 @@ class ToolCallParser:
         events: list[Event] = []
         if self._in_call:
             self._buffer = ""
+            if self.forced and self._current is None:
+                self._in_call = False
+                return events
             self._end_call(events, self._call_text, closed=False)
         elif self._buffer:
-            self._content(events, self._buffer)
+            if not (self.forced and OPEN.startswith(self._buffer.strip())):   # not a cut opening tag
+                self._content(events, self._buffer)
             self._buffer = ""
         return events
 
@@ -279,10 +287,10 @@ def _new_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
 
 
-def parse_whole(text: str, parallel: bool = True, names: frozenset[str] | None = None,
+def parse_whole(text: str, parallel: bool = True, names: frozenset[str] | None = None, forced: bool = False,
                 ) -> tuple[str | None, list[ToolCall]]:
     """(content or None, tool calls) of a whole answer."""
-    parser = ToolCallParser(parallel, names)
+    parser = ToolCallParser(parallel, names, forced)
     events = parser.feed(text) + parser.finish()
     content = "".join(e.text for e in events if isinstance(e, Content))
     if parser.calls:

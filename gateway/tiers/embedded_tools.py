@@ -11,9 +11,10 @@ from gateway.tool_plan import ToolPlan
 
 def apply_tool_calls(results: list[ChoiceResult], plan: ToolPlan) -> None:
     """Each choice's calls out of its text; the text left (if any) stays its content."""
+    forced = plan.forced is not None
     for result in results:
-        content, calls = parse_whole(result.text, plan.parallel, plan.names)
-        if calls:
+        content, calls = parse_whole(result.text, plan.parallel, plan.names, forced)
+        if calls or forced:
             result.text = content or ""
             result.tool_calls = [c.as_openai() for c in calls]
 
@@ -25,7 +26,7 @@ class ToolChunks:
 
     def __init__(self, writer: ChunkWriter, index: int, plan: ToolPlan):
         self.writer, self.index = writer, index
-        self.parser = ToolCallParser(plan.parallel, plan.names)
+        self.parser = ToolCallParser(plan.parallel, plan.names, plan.forced is not None)
 
     def chunks(self, out: RequestOutput, with_logprobs: bool) -> list[bytes]:
         events = self.parser.feed(out.text)

@@ -93,3 +93,18 @@ def test_a_bare_call_object_naming_a_tool_is_a_call():
     assert parse_whole('{"name": "other", "arguments": {}}', names=names) == ('{"name": "other", "arguments": {}}', [])
     assert parse_whole('{"answer": 42}', names=names) == ('{"answer": 42}', [])
     assert parse_whole(bare) == (bare, [])                      # without the request's names: content
+
+
+def test_a_forced_call_cut_short_never_leaks_its_markup_as_content():
+    """tool_choice required or named: a call max_tokens cut before its name is whole is dropped;
+    one cut in its arguments is kept with the arguments so far (OpenAI's finish_reason length)."""
+    whole = '<tool_call>\n{"name": "now", "arguments": {}}\n</tool_call>'
+    for cut, calls in [("<tool_call>", 0), ("<tool_", 0), ('<tool_call>\n{"name', 0),
+                       (whole + '\n<tool_call>\n{"name', 1), ('<tool_call>\n{"name": "now", "arguments": {"tz": "U', 1)]:
+        content, parsed = parse_whole(cut, names=frozenset({"now"}), forced=True)
+        assert content is None and len(parsed) == calls, cut
+        for at in range(len(cut) + 1):      # streamed, split anywhere: no content either
+            parser = ToolCallParser(True, frozenset({"now"}), forced=True)
+            events = parser.feed(cut[:at]) + parser.feed(cut[at:]) + parser.finish()
+            assert not [e for e in events if isinstance(e, Content)] and len(parser.calls) == calls, (cut, at)
+    assert parse_whole('<tool_call>\n{"name', names=frozenset({"now"}))[0] == '<tool_call>\n{"name'   # not forced
