@@ -102,7 +102,10 @@ class RetryConfig(_Strict):
     budget_ratio: float = Field(0.2, ge=0, le=1, description="retries allowed per request in the window")
     window_s: float = Field(10.0, gt=0)
     min_retries_per_window: int = Field(0, ge=0, description="retries always allowed (low traffic)")
-    deadline_s: float = Field(300.0, gt=0, description="a request's whole time, retries included")
+    # A stream is held to it too: 600 s, the openai SDK's and LiteLLM's own request timeout, leaves
+    # a CPU tier decoding a few tokens a second under load room for a long answer.
+    deadline_s: float = Field(600.0, gt=0, description="a request's whole time, retries and a stream's "
+                              "relay included")
 
 
 class LimitsConfig(_Strict):
