@@ -259,6 +259,8 @@ class CompletionRequest(_Sampling):
     model_config = ConfigDict(extra="allow", strict=True, json_schema_extra={"allOf": [_STREAM_OPTIONS_NEED_STREAM]})
     known_extensions: ClassVar[type] = CompletionExtensions
     prompt: Annotated[str | list[str] | list[int] | list[list[int]], WithJsonSchema(_PROMPT_SCHEMA)]
+    # 0 only with echo (_echo_without_generation): the prompt scored, nothing generated.
+    max_tokens: int | None = Field(None, ge=0, le=MAX_OUTPUT_TOKENS)
     logprobs: int | None = Field(None, ge=0, le=20)
     echo: Annotated[bool, _BOOL_OR_NULL] = False
     suffix: str | None = None
@@ -297,6 +299,23 @@ class CompletionRequest(_Sampling):
         if self.max_tokens is None:
             self.max_tokens = DEFAULT_COMPLETION_TOKENS
         return self
+
+    @model_validator(mode="after")
+    def _echo_without_generation(self) -> CompletionRequest:
+        # OpenAI's (and vLLM's) way to score a prompt: echo it, with its logprobs, and generate
+        # nothing. Without echo, max_tokens 0 asks for nothing at all.
+        if self.max_tokens == 0 and not self.echo:
+            raise GatewayError(400, "max_tokens may be 0 only with echo: true (the prompt, scored)",
+                               param="max_tokens")
+        if self.max_tokens == 0 and self.beam_search:
+            raise GatewayError(400, "a beam search generates tokens: max_tokens must be at least 1",
+                               param="max_tokens")
+        return self
+
+    @property
+    def echo_only(self) -> bool:
+        """The prompt echoed (and scored), nothing generated."""
+        return self.max_tokens == 0
 
     @property
     def output_limit(self) -> int | None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from engines.async_engine import AsyncEngine
 from engines.engine_process import ProcessEngine
 from engines.errors import EngineFault
 from engines.loaded_model import LoadedModel
+from engines.request_output import RequestOutput
 from engines.sampling_params import InvalidRequestError, SamplingParams
 from gateway.context import Usage
 from gateway.openai_format import (
@@ -105,9 +107,12 @@ async def complete_answer(call: TierCall, ec: EngineCall) -> TierAnswer:
         if isinstance(exc, BaseExceptionGroup):
             raise tier_error(exc.exceptions[0]) from None
         raise
+    chat = isinstance(call.body, ChatCompletionRequest)
+    if not chat and call.body.echo_only:
+        for slot in results:
+            _generated_nothing(slot)
     usage = choices_usage(results, call.body.n)
     finish_span(call, results, usage)
-    chat = isinstance(call.body, ChatCompletionRequest)
     plan = tool_plan(call.body) if chat else None
     if plan is not None:
         apply_tool_calls(results, plan)
@@ -153,10 +158,13 @@ async def stream_answer(call: TierCall, ec: EngineCall) -> AsyncIterator[bytes]:
     gate = call.scoring
     plan = tool_plan(body) if chat else None
     tools = {i: ToolChunks(writer, i, plan) for i in results} if plan is not None else None
+    echo_only = not chat and body.echo_only
     try:
         async for index, out in outputs:
             events[index].observe(out)
             slot = results[index]
+            if echo_only:
+                out = _nothing_generated(out)
             slot.prompt_tokens, slot.completion_tokens = out.prompt_tokens, out.completion_tokens
             slot.cached_tokens = out.cached_tokens
             if out.finished:
@@ -202,3 +210,14 @@ async def stream_answer(call: TierCall, ec: EngineCall) -> AsyncIterator[bytes]:
     if body.include_usage:
         yield writer.usage(usage.as_openai())
     yield SSE_DONE
+
+
+def _generated_nothing(slot: ChoiceResult) -> None:
+    """An echo without generation: the one token the engine made on the way leaves the answer."""
+    slot.text, slot.logprobs, slot.completion_tokens, slot.finish_reason = "", [], 0, "length"
+
+
+def _nothing_generated(out: RequestOutput) -> RequestOutput:
+    """The same for a stream's output: its prompt scores stay, its token goes."""
+    return dataclasses.replace(out, text="", logprobs=[] if out.logprobs is not None else None,
+                               completion_tokens=0, finish_reason="length" if out.finished else out.finish_reason)

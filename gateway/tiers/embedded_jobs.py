@@ -115,7 +115,9 @@ def engine_jobs(call: TierCall, prompts: list[list[int]], engine: LLMEngine, dra
         tuple(engine.tokenizer.encode(prediction_text(predicted), add_special_tokens=False)[:MAX_PREDICTION_TOKENS])
     jobs = []
     for p_index, ids in enumerate(prompts):
-        max_tokens = body.output_limit or max(1, limit - len(ids))
+        # Echo without generation: the engine scores the prompt on the way to one token, which the
+        # answer leaves out (embedded_answers.py), as vLLM does.
+        max_tokens = 1 if not chat and body.echo_only else body.output_limit or max(1, limit - len(ids))
         for i in range(body.n):
             params = SamplingParams(
                 max_tokens=max_tokens, temperature=1.0 if body.temperature is None else body.temperature,

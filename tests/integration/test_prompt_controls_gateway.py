@@ -233,3 +233,30 @@ def test_a_seeded_sampled_answer_is_the_same_with_a_prediction(client):
 def test_a_malformed_prediction_is_a_400(setup, prediction):
     response = _post(setup, "chat/completions", {"model": "speculating", "prediction": prediction})
     assert response.status_code == 400 and response.json()["error"]["param"] == "prediction"
+
+
+# ---- echo without generation -------------------------------------------------------------------
+def test_echo_with_max_tokens_0_scores_the_prompt_and_generates_nothing(setup, client):
+    """OpenAI's (and vLLM's) way to score a prompt: the echo and its logprobs are those of the same
+    request that generates, and the answer holds nothing more, whole or streamed."""
+    scored = client.completions.create(model="bytes", prompt=PROMPT, max_tokens=0, echo=True, logprobs=1).choices[0]
+    generating = client.completions.create(model="bytes", prompt=PROMPT, max_tokens=3, echo=True, logprobs=1,
+                                           temperature=0).choices[0]
+    prompt_len = len(setup[1].encode(PROMPT).ids)
+    assert scored.text == PROMPT and scored.finish_reason == "length"
+    assert scored.logprobs.token_logprobs == generating.logprobs.token_logprobs[:prompt_len]
+    assert len(scored.logprobs.tokens) == prompt_len
+    usage = client.completions.create(model="bytes", prompt=PROMPT, max_tokens=0, echo=True).usage
+    assert (usage.prompt_tokens, usage.completion_tokens) == (prompt_len, 0)
+    chunks = list(client.completions.create(model="bytes", prompt=PROMPT, max_tokens=0, echo=True, logprobs=1,
+                                            stream=True))
+    assert "".join(c.choices[0].text for c in chunks) == PROMPT
+    assert [lp for c in chunks for lp in c.choices[0].logprobs.token_logprobs] == scored.logprobs.token_logprobs
+    assert chunks[-1].choices[0].finish_reason == "length"
+
+
+def test_max_tokens_0_without_echo_is_a_400(setup):
+    for path, body in (("completions", {"max_tokens": 0}), ("chat/completions", {"max_tokens": 0}),
+                       ("completions", {"max_tokens": 0, "echo": True, "use_beam_search": True})):
+        response = _post(setup, path, body)
+        assert response.status_code == 400 and response.json()["error"]["param"] == "max_tokens", body
