@@ -182,17 +182,20 @@ async def test_answers_arriving_in_small_pieces_are_reassembled(transport):
 async def test_bytes_after_an_answer_never_answer_the_next_request(transport):
     """A server that writes a second, unrequested answer on a kept-alive connection: the next
     request (another tenant's, in the gateway) must get its own answer, never the stray one."""
+    strayed = asyncio.Event()
+
     async def answer_then_stray(reader, writer):
         writer.write(_ok(b"first"))
         await writer.drain()
         await asyncio.sleep(0.2)
         writer.write(_ok(b"stray answer to the first request"))
         await writer.drain()
+        strayed.set()
 
     server = RawServer([answer_then_stray, _ok(b"second")])
     url = await server.start()
     assert (await _post(transport, url)).content == b"first"
-    await asyncio.sleep(0.5)                                     # the stray bytes have arrived
+    await asyncio.wait_for(strayed.wait(), 60)                   # sent on loopback: in the client's socket
     assert (await _post(transport, url, b"second body")).content == b"second"
     assert server.connections == 2
     await transport.aclose()
@@ -221,7 +224,7 @@ async def test_idle_connections_close_at_their_expiry():
     server = RawServer([_ok(b"one")])
     url = await server.start()
     assert (await _post(transport, url)).content == b"one"
-    await asyncio.wait_for(server.closed_by_client.wait(), 5)    # closed with no further request
+    await asyncio.wait_for(server.closed_by_client.wait(), 60)   # closed with no further request
     assert transport._idle[next(iter(transport._idle))] == []
     await transport.aclose()
     await server.stop()
