@@ -20,6 +20,7 @@ from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
 from bench.serving.serve import ServeRequest, run_load
+from tests.fakes.raw_http import read_request
 
 FIRST_S, GAP_S = 0.060, 0.020
 
@@ -205,10 +206,7 @@ def test_a_connection_dropped_before_any_answer_is_sent_again_once():
         async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             nonlocal connections
             connections += 1
-            head = await reader.readuntil(b"\r\n\r\n")
-            length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                          if line.lower().startswith(b"content-length"))
-            await reader.readexactly(length)
+            await read_request(reader)
             if connections <= drops:
                 writer.close()             # no status line: the request is dropped unanswered
                 return

@@ -12,6 +12,7 @@ import httpx
 import openai
 import pytest
 
+from tests.fakes.raw_http import read_request
 from tests.fakes.upstream import ANSWER
 from tests.gateway_harness import InstantUpstream, RunningGateway, free_port, shared
 
@@ -42,10 +43,7 @@ class ScriptedUpstream:
     async def _serve(self, reader, writer) -> None:
         try:
             while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                              if line.lower().startswith(b"content-length"))
-                body = json.loads(await reader.readexactly(length))
+                body = json.loads((await read_request(reader))[1])
                 self.requests.append(body)
                 if body["model"] == "slow":
                     await self._slow_stream(reader, writer)

@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from gateway.tiers.http_pool import PooledTransport
+from tests.fakes.raw_http import read_request
 
 TIMEOUTS = {"connect": 2.0, "read": 0.5, "write": 2.0, "pool": 2.0}
 
@@ -34,10 +35,7 @@ class RawServer:
         self.connections += 1
         try:
             while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                               if line.lower().startswith(b"content-length")), 0)
-                self.requests.append(head + await reader.readexactly(length))
+                self.requests.append(b"".join(await read_request(reader)))
                 answer = self.responses.pop(0)
                 if callable(answer):
                     if await answer(reader, writer) == "closed":

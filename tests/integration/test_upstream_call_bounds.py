@@ -16,6 +16,7 @@ import pytest
 from gateway.schema import ChatCompletionRequest
 from gateway.token_bounds import prompt_bound
 from policies.config import hash_api_key
+from tests.fakes.raw_http import read_request
 from tests.gateway_harness import RunningGateway, free_port
 
 KEY = "sk-bounds-000001"
@@ -52,10 +53,7 @@ class ScriptedUpstream:
     async def _serve(self, reader, writer) -> None:
         try:
             while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                              if line.lower().startswith(b"content-length"))
-                json.loads(await reader.readexactly(length))
+                json.loads((await read_request(reader))[1])
                 self.requests += 1
                 await getattr(self, "_" + self.mode)(reader, writer)
         except (asyncio.IncompleteReadError, ConnectionError):
