@@ -294,6 +294,7 @@ async def _relay(ctx: RequestContext, attempt: Attempt, held: list[bytes], chunk
     last = b""           # the last chunk yielded: [DONE] there makes a close the end of a whole answer
     started = time.perf_counter()
     deadline = attempt.request.deadline
+    ends_at, clock = deadline.at, deadline.clock     # read per chunk: one clock call, no property
     try:
         for chunk in held:
             yield chunk
@@ -302,7 +303,7 @@ async def _relay(ctx: RequestContext, attempt: Attempt, held: list[bytes], chunk
             # The deadline bounds a stream's whole time too (the budgets' reservation TTL is set
             # past it): checked per chunk, since a timer cannot span the generator's yields; a
             # tier that sends nothing is bounded by its own read timeout.
-            if deadline.expired:
+            if clock() >= ends_at:
                 raise _StreamDeadline(attempt.request.deadline_error())
             relayed += 1
             yield chunk
