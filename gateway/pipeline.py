@@ -34,6 +34,7 @@ from gateway.sse import SSEResponse, is_done_event, sse_error_event
 from gateway.telemetry.request import RequestTelemetry, start_request
 from gateway.telemetry.setup import Telemetry, build_telemetry
 from gateway.tiers.base import TierAnswer, TierCall, TierFailure
+from gateway.token_bounds import prompt_count
 from policies.breakers import Outcome
 from policies.classify import RequestFeatures
 from policies.policy_config import PROFILES
@@ -246,7 +247,7 @@ class Pipeline:
 def _cascade_gate(rt: Runtime, ctx: RequestContext, body, decision: RouteDecision) -> CascadeGate | None:
     """The request's cascade gate; None (with the reason why) where it cannot judge the request:
     the first tokens of several choices are not one answer's start, and a beam search has none."""
-    choices = body.n * (1 if isinstance(body, ChatCompletionRequest) else len(body.prompts()))
+    choices = body.n * prompt_count(body)
     if choices > 1:
         ctx.reasons.append(f"cascade off: {choices} choices")
         return None

@@ -48,6 +48,7 @@ from gateway.tiers.upstream_answers import (
 from gateway.tiers.upstream_errors import UpstreamFailure, client_error_for, pool_exhausted, tenant_share_exceeded
 from gateway.tiers.upstream_replies import client_error, failure_code, read_capped
 from gateway.tiers.upstream_stream import StreamReader
+from gateway.token_bounds import prompt_count
 from policies.tier_config import UpstreamTierConfig
 from policies.url_check import shown_url
 
@@ -261,7 +262,7 @@ class UpstreamTier(Tier):
                 body = call.body
                 chat = call.endpoint == "chat"
                 reader = StreamReader(self.config.max_response_bytes, facts, chat=chat, n=body.n,
-                                      choices=body.n * (1 if chat else len(body.prompts())),
+                                      choices=body.n * prompt_count(body),
                                       hide_cached=self._hides_cached(call))
                 include_usage = body.include_usage
                 pieces = response.aiter_bytes()
