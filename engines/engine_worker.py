@@ -1,7 +1,8 @@
 """The engine process's side of engines/engine_process.py: build the engine from its picklable
 recipe, then loop: apply the commands that came in (add, abort, set threads, shut down), step,
 send the step's outputs and the engine's counters in one message. Constrained requests' grammars
-are compiled in the reader thread, never in the stepping one."""
+are compiled while the reader thread waits (on the grammar compiler's worker), never in the
+stepping one."""
 
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from engines.grammar import GrammarSpec
 from gateway.errors import GatewayError
-from gateway.response_format import check_schema, closed_objects
+from gateway.response_format import MAX_CONSTRAINT_CHARS, check_schema, closed_objects
 
 GUIDED_FIELDS = ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
 # structured_outputs' keys that carry a constraint, and those that tune how vLLM builds one: any
@@ -67,18 +67,30 @@ def _spec(kind: str, value: Any, param: str) -> GrammarSpec:
     if kind == "choice":
         if not isinstance(value, list) or not value or not all(isinstance(c, str) and c for c in value):
             raise GatewayError(400, f"{param} must be a non-empty list of non-empty strings", param=param)
+        _check_size(sum(len(c) for c in value), param)
         return GrammarSpec.choice(value, param)
     if not isinstance(value, str) or not value:
         raise GatewayError(400, f"{param} must be a non-empty string", param=param)
+    _check_size(len(value), param)
     return GrammarSpec.regex(value, param) if kind == "regex" else GrammarSpec.grammar(value, param)
+
+
+def _check_size(chars: int, param: str) -> None:
+    # guided_* were bounded at parse time; structured_outputs' values arrive here unchecked.
+    if chars > MAX_CONSTRAINT_CHARS:
+        raise GatewayError(400, f"{param} may hold at most {MAX_CONSTRAINT_CHARS} characters, not {chars}",
+                           param=param)
 
 
 def _schema(value: Any, param: str) -> dict[str, Any]:
     if isinstance(value, str):
+        _check_size(len(value), param)
         try:
             value = json.loads(value)
         except json.JSONDecodeError as exc:
             raise GatewayError(400, f"{param} is not valid JSON ({exc.msg})", param=param) from None
+        except RecursionError:
+            raise GatewayError(400, f"{param} is nested too deeply", param=param) from None
     try:
         check_schema(value, param)
     except ValueError as exc:

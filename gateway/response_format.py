@@ -19,6 +19,9 @@ from typing import Any
 from engines.grammar import GrammarSpec
 
 MAX_SCHEMA_CHARS = 64 * 1024
+# Every constraint's text (a regex, a grammar, a choice's options) has the schema's bound: the
+# compiler's stack is sized for chains of references or rules that long (engines/grammar/compiler.py).
+MAX_CONSTRAINT_CHARS = MAX_SCHEMA_CHARS
 MAX_SCHEMA_DEPTH = 32
 MAX_DESCRIPTION_CHARS = 16 * 1024
 _NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
@@ -82,26 +85,78 @@ def schema_depth(value: Any) -> int:
     return deepest
 
 
+# Keywords beside `properties` that let other schemas add keys to the same object: closing it
+# would forbid those keys.
+_EXTENDED_BY = ("allOf", "anyOf", "oneOf", "$ref", "not", "if", "then", "else", "dependentSchemas",
+                "unevaluatedProperties")
+_DEFS = ("$defs", "definitions")
+# llguidance's options for a schema, which the gateway sets (compact separators, no free
+# whitespace): a client's copy of the key is dropped, not obeyed.
+_ENGINE_OPTIONS_KEY = "x-guidance"
+
+
 def closed_objects(schema: Any) -> Any:
     """A copy of `schema` in which every object schema with `properties` and no
-    `additionalProperties` allows no other keys. Every answer under it is valid under the original
-    (it only narrows what may be generated), and a sampled answer stays within the keys it asked
-    for instead of inventing more: OpenAI's strict mode requires as much of the schema itself."""
+    `additionalProperties` allows no other keys, where the object is all its schema says of the
+    instance. Every answer under it is valid under the original (it only narrows what may be
+    generated), and a sampled answer stays within the keys it asked for instead of inventing
+    more: OpenAI's strict mode requires as much of the schema itself. Objects that other
+    schemas extend stay open: the parts of an `allOf`, a schema with `properties` beside a
+    combinator or `$ref`, the branches of an `anyOf` under such properties, and the definitions
+    those refer to; closing them would forbid the keys the other parts add."""
+    return _close(schema, True, _extended_refs(schema))
+
+
+def _close(schema: Any, closable: bool, extended: set[str]) -> Any:
     if isinstance(schema, list):
-        return [closed_objects(s) for s in schema]
+        return [_close(s, True, extended) for s in schema]
     if not isinstance(schema, dict):
         return schema
     out = {}
+    has_keys = any(k in schema for k in ("properties", "patternProperties", "additionalProperties"))
     for key, value in schema.items():
-        if key in _SCHEMA_MAPS and isinstance(value, dict):
-            out[key] = {name: closed_objects(sub) for name, sub in value.items()}
-        elif key in _VALUES:
+        if key == _ENGINE_OPTIONS_KEY:
+            continue
+        if key in _VALUES:
             out[key] = value
+        elif key in _DEFS and isinstance(value, dict):
+            out[key] = {name: _close(sub, f"#/{key}/{name}" not in extended, extended)
+                        for name, sub in value.items()}
+        elif key in _SCHEMA_MAPS and isinstance(value, dict):
+            part = key != "dependentSchemas"
+            out[key] = {name: _close(sub, part, extended) for name, sub in value.items()}
+        elif key == "allOf" and isinstance(value, list):
+            out[key] = [_close(s, False, extended) for s in value]
+        elif key in ("anyOf", "oneOf") and isinstance(value, list):
+            out[key] = [_close(s, not has_keys, extended) for s in value]
         else:
-            out[key] = closed_objects(value)
-    if "properties" in out and "additionalProperties" not in out and "patternProperties" not in out:
+            out[key] = _close(value, True, extended)
+    if closable and "properties" in out and not any(k in out for k in _EXTENDED_BY) \
+            and "additionalProperties" not in out and "patternProperties" not in out:
         out["additionalProperties"] = False
     return out
+
+
+def _extended_refs(schema: Any) -> set[str]:
+    """The `$ref` targets that other schemas extend: referred to by a part of an `allOf`, or beside
+    an object's own keys or combinators (walked without recursion: depth is the caller's bound)."""
+    found: set[str] = set()
+    stack = [schema]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, list):
+            stack.extend(item)
+            continue
+        if not isinstance(item, dict):
+            continue
+        ref = item.get("$ref")
+        if isinstance(ref, str) and any(k in item for k in ("properties", "allOf", "anyOf", "oneOf")):
+            found.add(ref)
+        parts = item.get("allOf")
+        if isinstance(parts, list):
+            found.update(p["$ref"] for p in parts if isinstance(p, dict) and isinstance(p.get("$ref"), str))
+        stack.extend(v for k, v in item.items() if k not in _VALUES)
+    return found
 
 
 def response_format_grammar(value: dict[str, Any] | None) -> GrammarSpec | None:

@@ -18,7 +18,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from gateway.response_format import check_response_format
+from gateway.response_format import MAX_CONSTRAINT_CHARS, check_response_format
 
 MAX_TOKEN_ID = (1 << 31) - 1
 MAX_LIST = 4096
@@ -29,6 +29,7 @@ MAX_BAD_WORDS_CHARS = 1 << 16
 _TokenId = Annotated[int, Field(ge=0, le=MAX_TOKEN_ID)]
 _Name = Annotated[str, Field(max_length=MAX_NAME_CHARS)]
 _Text = Annotated[str, Field(max_length=MAX_TEXT_CHARS)]
+_Constraint = Annotated[str, Field(max_length=MAX_CONSTRAINT_CHARS)]
 _Object = dict[str, Any]
 _Bias = Annotated[float, Field(ge=-100, le=100)]
 
@@ -62,10 +63,10 @@ class _Extensions(BaseModel):
     add_special_tokens: bool | None = None
     return_tokens_as_token_ids: bool | None = None
     # ---- vLLM structured output
-    guided_json: _Text | _Object | None = None
-    guided_regex: _Text | None = None
-    guided_choice: Annotated[list[_Text], Field(max_length=MAX_LIST)] | None = None
-    guided_grammar: _Text | None = None
+    guided_json: _Constraint | _Object | None = None
+    guided_regex: _Constraint | None = None
+    guided_choice: Annotated[list[_Constraint], Field(max_length=MAX_LIST)] | None = None
+    guided_grammar: _Constraint | None = None
     guided_decoding_backend: _Name | None = None
     guided_whitespace_pattern: _Name | None = None
     structured_outputs: _Object | None = None
@@ -80,6 +81,13 @@ class _Extensions(BaseModel):
                 raise ValueError(f"bad_words must total at most {MAX_BAD_WORDS_CHARS} characters")
             if any(not w.strip() for w in value):
                 raise ValueError("bad_words entries must contain a character other than whitespace")
+        return value
+
+    @field_validator("guided_choice")
+    @classmethod
+    def _check_choice_size(cls, value):
+        if value is not None and sum(len(c) for c in value) > MAX_CONSTRAINT_CHARS:
+            raise ValueError(f"guided_choice must total at most {MAX_CONSTRAINT_CHARS} characters")
         return value
 
     @field_validator("truncate_prompt_tokens")

@@ -18,12 +18,19 @@ from the queue, as is the compile of a request whose caller stopped waiting.
 llguidance's parser limits bound the work a grammar may cause at compile time and per token, so
 a compile that passes the timeout still ends; the client has had its 400 by then. llguidance
 releases the GIL while it compiles.
+
+Every compile runs on that worker, synchronous callers' too (`compile` hands the spec over and
+waits), because llguidance recurses once per link of a chain of references or rules: a 64 KiB
+schema or grammar of such links needs up to 16 MiB of stack, which would crash the process on a
+default 8 MiB thread. The worker's stack is COMPILE_STACK_BYTES; what may reach it is bounded in
+size by the callers (gateway/response_format.py, gateway/schema_extensions.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import heapq
+import json
 import itertools
 import threading
 import time
@@ -47,6 +54,8 @@ MAX_ERROR_CHARS = 300
 QUEUE_DELAY_PER_CHAR_S = 5e-6
 # Tighter than llguidance's defaults (500k symbols, 1M lexer fuel): a schema the gateway admits
 # (bounded size and depth) compiles far below these.
+# Virtual address space, taken only as deep compiles touch it: 16x what the worst 64 KiB chain used.
+COMPILE_STACK_BYTES = 256 << 20
 LIMITS = dict(max_grammar_size=200_000, initial_lexer_fuel=1_000_000, step_lexer_fuel=200_000,
               step_max_items=50_000, max_lexer_states=100_000, verbose_errors=False)
 
@@ -57,9 +66,28 @@ def _grammar_text(spec: GrammarSpec) -> str:
         return llguidance.LLMatcher.grammar_from_json_schema(spec.text, defaults=JSON_OPTIONS)
     if spec.kind == "regex":
         return llguidance.LLMatcher.grammar_from_regex(spec.text)
-    if spec.kind in ("choice", "grammar"):
+    if spec.kind == "choice":
+        return llguidance.LLMatcher.grammar_from_lark(_choice_lark(json.loads(spec.text)))
+    if spec.kind == "grammar":
         return llguidance.LLMatcher.grammar_from_lark(llguidance.grammar_from(spec.kind, spec.text))
     return llguidance.LLMatcher.grammar_from_lark(spec.text)
+
+
+def _choice_lark(options: list[str]) -> str:
+    """One terminal that is any of the options: the lexer matches them all at once. As alternatives
+    of a rule (llguidance's own `choice`) each option is a parser item of one row, and past 2,000
+    of them the parser stops mid-answer."""
+    return "start: CHOICE\nCHOICE: " + " | ".join(json.dumps(option, ensure_ascii=False) for option in options)
+
+
+class _Refusal:
+    """A cached compile error: its reason, named after each request's own field when raised."""
+
+    def __init__(self, reason: str):
+        self.reason = reason
+
+    def error(self, spec: GrammarSpec) -> GrammarError:
+        return GrammarError(f"{spec.param}: {self.reason}", spec.param)
 
 
 class CompiledGrammar:
@@ -77,11 +105,13 @@ class CompiledGrammar:
 
 
 class _CompileJob(Future):
-    """A future for one request's grammar state; `started` is set when the worker takes it."""
+    """A future for one request's grammar state (or, with `compiled_only`, the compiled grammar);
+    `started` is set when the worker takes it."""
 
-    def __init__(self) -> None:
+    def __init__(self, compiled_only: bool = False) -> None:
         super().__init__()
         self.started: float | None = None
+        self.compiled_only = compiled_only
 
 
 class GrammarCompiler:
@@ -93,7 +123,7 @@ class GrammarCompiler:
         self.timeout_s = timeout_s
         self._llg: llguidance.LLTokenizer | None = None
         self._lock = threading.Lock()
-        self._cache: OrderedDict[str, CompiledGrammar | GrammarError] = OrderedDict()
+        self._cache: OrderedDict[str, CompiledGrammar | _Refusal] = OrderedDict()
         # The worker's queue: [when it may start, arrival counter, spec, job], earliest first.
         self._queue: list[list] = []
         self._queued = threading.Condition(self._lock)
@@ -118,7 +148,9 @@ class GrammarCompiler:
 
     # ---- compiling -----------------------------------------------------------------------
     def compile(self, spec: GrammarSpec) -> CompiledGrammar:
-        """The compiled grammar, from the cache or built now (in the caller's thread)."""
+        """The compiled grammar, from the cache or built now on the worker (the caller waits)."""
+        if threading.current_thread() is not self._worker:
+            return self.submit(spec, compiled_only=True).result()
         digest = spec.digest
         with self._lock:
             hit = self._cache.get(digest)
@@ -132,17 +164,17 @@ class GrammarCompiler:
                 self._cache[digest] = hit
                 while len(self._cache) > self.max_cached:
                     self._cache.popitem(last=False)
-        if isinstance(hit, GrammarError):
-            raise GrammarError(str(hit), spec.param)     # named after this request's field
+        if isinstance(hit, _Refusal):
+            raise hit.error(spec)
         return hit
 
     def new_state(self, spec: GrammarSpec) -> GrammarState:
         return self.compile(spec).new_state()
 
-    def submit(self, spec: GrammarSpec) -> _CompileJob:
+    def submit(self, spec: GrammarSpec, compiled_only: bool = False) -> _CompileJob:
         """A fresh state for one request, compiled (or copied) in the compiler's worker thread,
         cached specs first, then by arrival delayed by length (see the module's notes)."""
-        job = _CompileJob()
+        job = _CompileJob(compiled_only)
         with self._lock:
             if self._closed:
                 job.set_exception(EngineDeadError("the engine shut down before the constraint was compiled"))
@@ -154,8 +186,7 @@ class GrammarCompiler:
                 due = now + min(len(spec.text) * QUEUE_DELAY_PER_CHAR_S, self.timeout_s / 2)
             heapq.heappush(self._queue, [due, next(self._order), spec, job])
             if self._worker is None:
-                self._worker = threading.Thread(target=self._work, name="tiergate-grammar", daemon=True)
-                self._worker.start()
+                self._worker = _deep_thread(self._work, "tiergate-grammar")
             self._queued.notify()
         return job
 
@@ -204,17 +235,17 @@ class GrammarCompiler:
                 continue                      # its request stopped waiting
             job.started = time.monotonic()
             try:
-                job.set_result(self.new_state(spec))
+                job.set_result(self.compile(spec) if job.compiled_only else self.new_state(spec))
             except BaseException as exc:  # noqa: BLE001 - handed to the request that waits
                 job.set_exception(exc)
 
-    def _build(self, spec: GrammarSpec) -> CompiledGrammar | GrammarError:
+    def _build(self, spec: GrammarSpec) -> CompiledGrammar | _Refusal:
         started = time.perf_counter()
         llg = self.llg_tokenizer
         try:
             grammar = _grammar_text(spec)
         except ValueError as exc:
-            return GrammarError(f"{spec.param}: {_short(str(exc))}", spec.param)
+            return _Refusal(_short(str(exc)))
         matcher = llguidance.LLMatcher(llg, grammar, log_level=0, limits=llguidance.LLParserLimits(**LIMITS))
         if not matcher.is_error():
             # The first token's mask, on a copy: a grammar that admits no string at all (a schema
@@ -224,11 +255,26 @@ class GrammarCompiler:
             matcher = matcher if not probe.is_error() else probe
         if matcher.is_error():
             what = "schema" if spec.kind == "json_schema" else "constraint"
-            return GrammarError(f"{spec.param}: the {what} cannot be enforced ({_short(matcher.get_error())})",
-                                spec.param)
+            return _Refusal(f"the {what} cannot be enforced ({_short(matcher.get_error())})")
         elapsed = time.perf_counter() - started
         self.compile_seconds.append(elapsed)
         return CompiledGrammar(spec, matcher, tuple(llg.eos_tokens), elapsed)
+
+
+_STACK_SIZE_LOCK = threading.Lock()
+
+
+def _deep_thread(target, name: str) -> threading.Thread:
+    """A started daemon thread with COMPILE_STACK_BYTES of stack (the size applies to threads
+    started while it is set, so it is set and put back under a lock)."""
+    with _STACK_SIZE_LOCK:
+        previous = threading.stack_size(COMPILE_STACK_BYTES)
+        try:
+            thread = threading.Thread(target=target, name=name, daemon=True)
+            thread.start()
+        finally:
+            threading.stack_size(previous)
+    return thread
 
 
 def _short(message: str) -> str:

@@ -14,6 +14,7 @@ import jsonschema
 import openai
 import pytest
 
+from gateway.response_format import MAX_CONSTRAINT_CHARS
 from tests.gateway_harness import start_byte_gateway
 
 MSG = [{"role": "user", "content": "Answer."}]
@@ -117,6 +118,13 @@ def _post(setup, body):
     ({"guided_grammar": "root ::: nothing"}, "guided_grammar"),
     ({"structured_outputs": {"structural_tag": "{}"}}, "structured_outputs.structural_tag"),
     ({"guided_whitespace_pattern": " *"}, "guided_whitespace_pattern"),
+    # Past the size bound the compiler's stack is sized for, by field and in total.
+    ({"guided_regex": "a" * (MAX_CONSTRAINT_CHARS + 1)}, "guided_regex"),
+    ({"structured_outputs": {"grammar": 'start: "a"' + " " * MAX_CONSTRAINT_CHARS}}, "structured_outputs.grammar"),
+    ({"guided_choice": ["a" * 40_000, "b" * 40_000]}, "guided_choice"),
+    ({"guided_json": "[" * 5000 + "]" * 5000}, "guided_json"),          # deeper than the JSON parser goes
+    # The gateway sets llguidance's options: a schema's own cannot make an unsupported keyword pass.
+    ({"guided_json": {"type": "object", "not": {"type": "null"}, "x-guidance": {"lenient": True}}}, "guided_json"),
 ])
 def test_a_constraint_that_cannot_be_honoured_is_a_400_naming_it(setup, body, param):
     response = _post(setup, body)
@@ -247,3 +255,35 @@ def test_a_dead_end_after_chunks_went_out_ends_the_stream_with_the_error(setup):
     assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks).startswith("{")
     assert all(c["choices"][0]["finish_reason"] is None for c in chunks)
     assert last["error"]["param"] == "guided_json" and "could not be completed" in last["error"]["message"]
+
+
+def test_a_choice_of_thousands_of_options_is_one_of_them(client):
+    """Options are alternatives of one lexer terminal: as parser items they stopped the answer past
+    2,000 of them."""
+    options = [f"option {i}" for i in range(3000)]
+    for seed in range(2):
+        choice = _chat(client, seed, guided_choice=options)
+        assert choice.message.content in options and choice.finish_reason == "stop", choice
+
+
+def test_all_of_a_schema_is_kept_when_its_parts_name_different_keys(client):
+    """Each part of an allOf names its own keys: the gateway keeps them open (closing one would
+    forbid the other's required key, an unsatisfiable schema)."""
+    schema = {"allOf": [{"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 9}},
+                         "required": ["a"]},
+                        {"type": "object", "properties": {"b": {"type": "boolean"}}, "required": ["b"]}]}
+    for seed in range(2):
+        choice = _chat(client, seed, guided_json=schema)
+        if choice.finish_reason == "stop":
+            jsonschema.validate(json.loads(choice.message.content), schema)
+        else:
+            assert choice.message.content.startswith("{"), choice
+
+
+def test_a_cached_refusal_names_the_field_of_the_request_it_refuses(setup):
+    schema = {"type": "object", "properties": {"a": {"type": "no such type"}}}
+    first = _post(setup, {"response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}})
+    again = _post(setup, {"guided_json": schema})
+    assert first.status_code == again.status_code == 400
+    assert again.json()["error"]["param"] == "guided_json"
+    assert again.json()["error"]["message"].startswith("guided_json:"), again.json()
