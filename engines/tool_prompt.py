@@ -38,7 +38,7 @@ def call_text(call: dict[str, Any]) -> str:
     if isinstance(arguments, str):
         try:
             arguments = json.loads(arguments)
-        except ValueError:
+        except (ValueError, RecursionError):     # RecursionError: nested deeper than the parser goes
             pass     # kept as the string it is
     body = json.dumps({"name": function.get("name"), "arguments": arguments}, ensure_ascii=False)
     return f"{OPEN}\n{body}\n{CLOSE}"

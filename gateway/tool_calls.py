@@ -8,8 +8,10 @@ a whole answer feeds it everything at once. So a streamed answer and a whole one
 Arguments are the model's own JSON text of the `arguments` value, cut out with a small scanner
 (strings, escapes and bracket depth) so fragments can go out while the value is still growing
 and their concatenation is exactly that text. Text outside calls is content; whitespace between
-calls is dropped. With parallel_tool_calls false only the first call is kept. An answer that is
-a bare call object naming one of the request's functions (no tags) counts as a call too.
+calls is dropped. A closing tag inside one of the call's JSON strings does not end it. With
+parallel_tool_calls false only the first call is kept. An answer that starts with a bare call
+object (no tags: just a name and arguments, naming one of the request's functions) counts as a
+call too, as do bare calls right after it; text after them is content.
 """
 
 from __future__ import annotations
@@ -121,7 +123,9 @@ class ToolCallParser:
     _scanner: _ValueScanner | None = None
     _current: ToolCall | None = None
     _ignoring: bool = False       # a call past the first when parallel calls are off
-    _bare: bool = False           # the current call came without its opening tag
+    _body: _ValueScanner = field(default_factory=_ValueScanner)   # the current call's JSON object
+    _bare: bool = False           # the current (or last) call came without its opening tag
+    _held_space: str = ""         # whitespace after a call, not yet known to be content
     _said: bool = False           # some content went out: a bare call can no longer start
 
     def feed(self, text: str) -> list[Event]:
@@ -152,7 +156,7 @@ class ToolCallParser:
 
     # ---- outside a call ------------------------------------------------------------
     def _text_part(self, events: list[Event]) -> bool:
-        if self.names and not self._said and not self.calls:
+        if self.names and not self._said and (not self.calls or self._bare):   # bare calls, one after another
             head = self._buffer.lstrip()
             if not head:
                 return False                  # only whitespace so far: wait for the first character
@@ -173,12 +177,20 @@ class ToolCallParser:
 
     def _start_call(self, bare: bool) -> None:
         self._in_call, self._bare, self._call_text, self._scanned = True, bare, "", 0
+        self._body = _ValueScanner()
+        self._held_space = ""
         self._args_start, self._scanner, self._current = None, None, None
         self._ignoring = bool(self.calls) and not self.parallel
 
     def _content(self, events: list[Event], text: str) -> None:
-        if not text or (self.calls and not text.strip()):
-            return            # whitespace between (or after) calls is not content
+        if self.calls and not text.strip():
+            # Whitespace after a call is held: dropped if another call or the end follows, the
+            # words' own spacing if words do (a stream's deltas may be single spaces).
+            self._held_space += text
+            return
+        text, self._held_space = self._held_space + text, ""
+        if not text:
+            return
         self._said = True
         if events and isinstance(events[-1], Content):
             events[-1].text += text
@@ -187,21 +199,37 @@ class ToolCallParser:
 
     # ---- inside a call ---------------------------------------------------------------
     def _call_part(self, events: list[Event]) -> bool:
-        at = self._buffer.find(CLOSE)
-        keep = 0 if at >= 0 else _partial_suffix(self._buffer, CLOSE)
-        end = at if at >= 0 else len(self._buffer) - keep
+        end, cut, complete = self._call_end()
         self._call_text += self._buffer[:end]
-        self._buffer = self._buffer[end + len(CLOSE):] if at >= 0 else self._buffer[end:]
+        self._buffer = self._buffer[cut:]
         if not self._ignoring:
             self._advance(events)
             if not self._in_call:             # a bare "call" turned out to be content
                 self._content(events, self._buffer)
                 self._buffer = ""
                 return False
-        if at < 0:
+        if not complete:
             return False
-        self._end_call(events, self._call_text, closed=True)
+        self._end_call(events, self._call_text, closed=not self._bare)
         return True
+
+    def _call_end(self) -> tuple[int, int, bool]:
+        """How much of the buffer is the call's text, how much the call consumes (its text and the
+        closing tag), and whether the call is complete. A tagged call ends at the closing tag, but
+        not at one inside a JSON string (an argument may quote the tag); a bare one where its
+        object closes, and what follows is the answer's again."""
+        body, buffer = self._body, self._buffer
+        for i, c in enumerate(buffer):
+            if self._bare and body.ended:
+                return i, i, True
+            if not body.in_string:
+                if buffer.startswith(CLOSE, i):
+                    return i, i + len(CLOSE), True
+                if len(buffer) - i < len(CLOSE) and CLOSE.startswith(buffer[i:]):
+                    return i, i, False        # maybe the tag's start: wait for the rest
+            if not body.ended:
+                body.push(c)
+        return len(buffer), len(buffer), self._bare and body.ended
 
     def _advance(self, events: list[Event]) -> None:
         """Name as soon as it is whole, then the arguments' text as far as it is known."""
@@ -244,7 +272,7 @@ class ToolCallParser:
         if self._ignoring:
             return
         if self._current is None:
-            call = _whole_call(body)
+            call = _whole_call(body, self._bare)
             if call is None or (self._bare and call.name not in self.names):
                 # Not a call after all: the text stays the model's answer.
                 self._content(events, ("" if self._bare else OPEN) + body + (CLOSE if closed else ""))
@@ -262,13 +290,17 @@ class ToolCallParser:
         self._current = None
 
 
-def _whole_call(body: str) -> ToolCall | None:
-    """A call whose keys came in another order: parsed once it is complete."""
+def _whole_call(body: str, bare: bool) -> ToolCall | None:
+    """A call whose keys came in another order: parsed once it is complete. Without the tags only
+    an object of exactly a name and arguments is a call: other JSON that happens to have a `name`
+    is the answer."""
     try:
         value = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):     # RecursionError: nested deeper than the parser goes
         return None
     if not isinstance(value, dict) or not isinstance(value.get("name"), str):
+        return None
+    if bare and set(value) != {"name", "arguments"}:
         return None
     arguments = value.get("arguments", {})
     text = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)

@@ -103,7 +103,7 @@ def _call(call: Any, where: str) -> dict[str, Any]:
         raise GatewayError(400, "a tool call needs function.name and function.arguments (a JSON string)", param=where)
     try:
         arguments = json.loads(function["arguments"] or "{}")
-    except ValueError:
+    except (ValueError, RecursionError):     # RecursionError: nested deeper than the parser goes
         arguments = function["arguments"]       # shown to the model as the text it was
     return {"id": call.get("id"), "type": "function", "function": {"name": function["name"], "arguments": arguments}}
 

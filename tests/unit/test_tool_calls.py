@@ -108,3 +108,62 @@ def test_a_forced_call_cut_short_never_leaks_its_markup_as_content():
             events = parser.feed(cut[:at]) + parser.feed(cut[at:]) + parser.finish()
             assert not [e for e in events if isinstance(e, Content)] and len(parser.calls) == calls, (cut, at)
     assert parse_whole('<tool_call>\n{"name', names=frozenset({"now"}))[0] == '<tool_call>\n{"name'   # not forced
+
+
+def _streamed(text: str, step: int, names=None) -> tuple[str, list[tuple[str, str]]]:
+    parser, events = ToolCallParser(True, names), []
+    for i in range(0, len(text), step):
+        events += parser.feed(text[i:i + step])
+    events += parser.finish()
+    calls: dict[int, list[str]] = {}
+    for e in events:
+        if isinstance(e, CallStart):
+            calls[e.index] = [e.name, ""]
+        elif isinstance(e, Arguments):
+            calls[e.index][1] += e.text
+    return "".join(e.text for e in events if isinstance(e, Content)), [tuple(c) for c in calls.values()]
+
+
+def _read_alike(text: str, names=None) -> tuple[str | None, list[tuple[str, str]]]:
+    """The whole answer's content and calls, after checking that a stream in deltas of 1, 2, 3
+    and 5 characters gives the same (its content before the strip a whole answer gets)."""
+    content, calls = parse_whole(text, names=names)
+    pairs = [(c.name, c.arguments) for c in calls]
+    for step in (1, 2, 3, 5):
+        streamed, streamed_calls = _streamed(text, step, names)
+        assert streamed_calls == pairs, step
+        assert (streamed.strip() if calls else streamed) == (content or ""), step
+    return content, pairs
+
+
+def test_a_closing_tag_quoted_inside_an_argument_does_not_end_the_call():
+    text = ('<tool_call>\n{"name": "write", "arguments": {"s": "a</tool_call>b"}}\n</tool_call>\n'
+            'Written.')
+    content, calls = _read_alike(text)
+    assert calls == [("write", '{"s": "a</tool_call>b"}')] and content == "Written."
+
+
+def test_text_after_a_bare_call_is_content_and_bare_calls_may_follow_each_other():
+    names = frozenset({"f"})
+    content, calls = _read_alike('{"name": "f", "arguments": {"x": "}"}} and more text', names)
+    assert calls == [("f", '{"x": "}"}')] and content == "and more text"
+    content, calls = _read_alike('{"name": "f", "arguments": {"s": "1"}}\n{"name": "f", "arguments": {"s": "2"}}',
+                                 names)
+    assert calls == [("f", '{"s": "1"}'), ("f", '{"s": "2"}')] and content is None
+
+
+def test_a_json_answer_naming_a_tool_without_arguments_is_the_answer():
+    text = '{"name": "f", "age": 3}'
+    assert _read_alike(text, frozenset({"f"})) == (text, [])
+
+
+def test_words_after_a_call_keep_their_spaces_in_a_stream():
+    content, _ = _read_alike('Sure! <tool_call>\n{"name": "f", "arguments": {}}\n</tool_call> it is done now')
+    assert content == "Sure!  it is done now"
+
+
+def test_a_call_nested_past_the_json_parser_depth_is_content_not_a_crash():
+    deep = "[" * 3000 + "]" * 3000
+    text = f'<tool_call>\n{{"arguments": {deep}, "name": "f"}}\n</tool_call>'
+    content, calls = parse_whole(text)
+    assert calls == [] and content == text
