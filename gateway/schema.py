@@ -380,6 +380,8 @@ def _path(error: dict) -> list[str]:
 
 
 def _is_union_tag(part) -> bool:
-    # pydantic adds the tried type to a union error's location (messages.0.content.str): drop it.
+    # pydantic adds the tried type to a union error's location (messages.0.content.str, or
+    # guided_json.constrained-str for a bounded string): drop it.
     return isinstance(part, str) and (part in ("str", "int", "float", "bool", "TextPart")
-                                      or part.startswith(("function-", "list[", "nullable[", "literal[")))
+                                      or part.startswith(("function-", "list[", "nullable[", "literal[",
+                                                          "constrained-", "dict[")))

@@ -114,6 +114,7 @@ def _post(setup, body):
     ({"response_format": {"type": "json_object"}, "guided_regex": "a"}, "guided_regex"),
     ({"guided_regex": "("}, "guided_regex"),
     ({"guided_json": "{not json"}, "guided_json"),
+    ({"guided_json": [1, 2]}, "guided_json"),                           # neither a string nor an object
     ({"guided_choice": []}, "guided_choice"),
     ({"guided_grammar": "root ::: nothing"}, "guided_grammar"),
     ({"structured_outputs": {"structural_tag": "{}"}}, "structured_outputs.structural_tag"),
