@@ -87,6 +87,7 @@ class AsyncEngine:
         self._stopping = False
         self._stopped: str | None = None  # why the engine takes no more requests
         self._dead = False                # stopped by failures, not by shutdown()
+        self.dead_reason: str | None = None
         self._thread = threading.Thread(target=self._run, name="tiergate-engine", daemon=True)
         self._thread.start()
 
@@ -235,6 +236,7 @@ class AsyncEngine:
             if self._dead:
                 return
             self._stopped, self._dead = _DEAD, True
+        self.dead_reason = _DEAD
         if self.on_dead is not None:
             try:
                 self.on_dead(self)

@@ -60,6 +60,7 @@ MAX_STEP_FAILURES = 3
 AFFINITY_SLACK = 4
 AFFINITY_TOKENS = 64            # the prompt's head that names its prefix
 AFFINITY_ENTRIES = 4096         # prefixes remembered (oldest forgotten first)
+SHUTDOWN_WAIT_S = 30.0                # for the workers to leave on their own after Shutdown
 START_TIMEOUT_S = 600.0
 # libgomp spin iterations before a waiting worker sleeps, for the workers of an engine that may
 # run more threads while it is alone on the machine (`solo_threads`): long enough to span the
@@ -124,6 +125,7 @@ class ProcessEngine:
         self._affinity: dict[tuple, _Worker] = {}
         self._stopped: str | None = None
         self._dead = False
+        self.dead_reason: str | None = None      # why it died, for the owner's readiness reason
         context = multiprocessing.get_context("spawn")   # never fork a process holding torch's threads
         self._workers: list[_Worker] = []
         for index in range(workers):
@@ -300,8 +302,11 @@ class ProcessEngine:
         for worker in self._workers:
             worker.send(Shutdown())
             worker.close()
+        # One wait for all of them: workers that hang (stopped, or stuck in a step) each cost it
+        # once, not once per worker; those still alive then are terminated.
+        ends = time.monotonic() + SHUTDOWN_WAIT_S
         for worker in self._workers:
-            worker.process.join(timeout=30)
+            worker.process.join(timeout=max(0.0, ends - time.monotonic()))
         self._terminate()
         self.grammars.shutdown()
 
@@ -364,7 +369,7 @@ class ProcessEngine:
         with self._lock:
             if self._dead or self._stopped is not None:
                 return
-            self._dead = True
+            self._dead, self.dead_reason = True, reason
         log.error("engine declared dead: %s", reason)
         if self.on_dead is not None:
             try:

@@ -122,11 +122,13 @@ class Pipeline:
                 call.gate = _cascade_gate(rt, ctx, body, decision)
             request.trace.routed(ctx, rt.tenant(ctx.tenant).record_content)
             request.limits = limits = self._limits(rt, ctx, call, request.trace, head)
-            if body.stream:
-                return await self._stream(rt, limits, call, decision)
             # A client that leaves frees its generation at once: an engine's sequence is aborted,
             # an upstream's connection closed (which stops its generation), and the request's
-            # connection share, concurrency slot and breaker probe are given back.
+            # connection share, concurrency slot and breaker probe are given back. A stream is
+            # watched so until its first chunk (queued, prefilling, a whole beam search); then
+            # its response watches the connection itself.
+            if body.stream:
+                return await _unless_client_leaves(self._stream(rt, limits, call, decision), receive)
             answer = await _unless_client_leaves(self._complete(rt, limits, call, decision), receive)
             return BytesResponse(200, answer.body, _headers(ctx))
         except GatewayError as exc:
@@ -300,12 +302,22 @@ async def _relay(ctx: RequestContext, attempt: Attempt, held: list[bytes], chunk
         for chunk in held:
             yield chunk
             last = chunk
-        async for chunk in chunks:
+        while True:
             # The deadline bounds a stream's whole time too (the budgets' reservation TTL is set
-            # past it): checked per chunk, since a timer cannot span the generator's yields; a
-            # tier that sends nothing is bounded by its own read timeout.
-            if clock() >= ends_at:
+            # past it), a tier gone quiet included: each wait for a chunk is timed by what is
+            # left (a timer cannot span the generator's yields, which run in the client's time).
+            left = ends_at - clock()
+            if left <= 0:
                 raise _StreamDeadline(attempt.request.deadline_error())
+            try:
+                async with asyncio.timeout(left) as scope:
+                    chunk = await anext(chunks)
+            except StopAsyncIteration:
+                break
+            except TimeoutError:
+                if not scope.expired():
+                    raise
+                raise _StreamDeadline(attempt.request.deadline_error()) from None
             relayed += 1
             yield chunk
             last = chunk
@@ -321,10 +333,11 @@ async def _relay(ctx: RequestContext, attempt: Attempt, held: list[bytes], chunk
             outcome, error_type = Outcome.FAILURE, SkipReason.TIER_FAILURE.value
         else:
             error_type = type(exc).__name__
-        if failed:
+        told = exc.error if failed else exc       # a tier's failure may carry the client's error
+        if told is None:
             yield sse_error_event(str(exc), "server_error")
         else:
-            yield sse_error_event(exc.message, exc.type, exc.param, exc.code)
+            yield sse_error_event(told.message, told.type, told.param, told.code)
     except (GeneratorExit, asyncio.CancelledError):
         if not is_done_event(last):
             error_type = CANCELLED   # the client left: not the tier's failure

@@ -56,6 +56,7 @@ class EmbeddedTier(Tier):
         self.tokenizer_key: str | None = None
         self.notes: list[str] = []       # what the tier runs without (unsupported options)
         self.load_seconds: float | None = None
+        self._stop_reason: str | None = None        # why the last engine died
         self.restarter = EngineRestarter(name, self._rebuild, self._restarted, self._give_up, restart_policy)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closing = False
@@ -136,6 +137,7 @@ class EmbeddedTier(Tier):
         if self._closing or engine is not self.engine:
             return
         self.state = "restarting"
+        self._stop_reason = engine.dead_reason
         self.engine = None
         # Its grammar compiler's worker thread (the engine thread, or its processes, have ended).
         engine.grammars.shutdown()
@@ -170,7 +172,7 @@ class EmbeddedTier(Tier):
         gc.freeze()
 
     def _give_up(self, reason: str) -> None:
-        self.state, self.error = "failed", reason
+        self.state, self.error = "failed", f"{reason} (last: {self._stop_reason})" if self._stop_reason else reason
 
     @property
     def _engine_stopped(self) -> bool:
@@ -184,9 +186,9 @@ class EmbeddedTier(Tier):
 
     def unusable_reason(self) -> str | None:
         if self._engine_stopped:
-            return "engine stopped after repeated step failures; restarting"
+            return f"engine stopped ({self.engine.dead_reason if self.engine else 'gone'}); restarting"
         if self.state == "restarting":
-            return "engine restarting after repeated step failures"
+            return f"engine restarting: {self._stop_reason}"
         return super().unusable_reason()
 
     @property

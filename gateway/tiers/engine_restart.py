@@ -68,7 +68,7 @@ class EngineRestarter:
                 self._attempts.popleft()
             done = len(self._attempts)
             if done >= policy.max_restarts:
-                reason = f"engine kept failing: gave up after {done} restarts within {policy.window_s:g}s"
+                reason = f"engine kept stopping: gave up after {done} restarts within {policy.window_s:g}s"
                 log.error("tier %s: %s", name, reason)
                 self._on_give_up(reason)
                 return

@@ -11,6 +11,7 @@ same way, from inside `LLMEngine.step`.
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import threading
 import time
@@ -258,6 +259,28 @@ def test_a_step_failure_is_a_500_the_breaker_counts_and_a_fallback_answers(gw, r
     assert _complete(gw, "pair", prompt).headers["x-tiergate-tier"] == "tiny-b"   # skipped: open
 
 
+def test_a_step_failure_after_tokens_went_out_ends_the_stream_with_its_own_code(gw):
+    """Nothing can fall back once bytes were sent: the stream's last event is the error, with
+    the code a whole answer would have had (engine_step_failed), not a generic one."""
+    assert _wait_ready(gw, 200).status_code == 200
+    tier = gw.runtime.tiers["tiny-c"]
+    fault = ForwardFault(tier.engine.engine.runner.model)
+    try:
+        fault.arm(1, after=3)          # the prefill and two decode steps answer, the next one fails
+        body = {"model": "solo", "prompt": [5, 6, 7], "max_tokens": 40, "temperature": 0, "stream": True,
+                "ignore_eos": True}
+        with httpx.stream("POST", gw.base + "/v1/completions", json=body, timeout=DEADLINE_S) as resp:
+            assert resp.status_code == 200
+            events = [line[6:] for line in resp.iter_lines() if line.startswith("data: ")]
+    finally:
+        fault.remove()
+    assert any("choices" in event for event in events[:-1])
+    error = json.loads(events[-1])["error"]
+    assert (error["type"], error["code"]) == ("server_error", "engine_step_failed"), error
+    assert "0xdeadbeef" not in events[-1]
+    assert _complete(gw, "solo", [5, 6, 7]).status_code == 200     # and the engine serves on
+
+
 def test_a_dead_engine_is_not_ready_until_its_tier_restarts_it(gw, reference_text):
     assert _wait_ready(gw, 200).status_code == 200
     prompt = _prompts(1, seed=12)[0]
@@ -279,6 +302,7 @@ def test_a_dead_engine_is_not_ready_until_its_tier_restarts_it(gw, reference_tex
         assert dead_engine.dead
         resp = httpx.get(gw.base + "/readyz", timeout=10)
         assert resp.status_code == 503 and list(resp.json()["not_ready"]) == ["tiny-c"]
+        assert "repeated failures" in resp.json()["not_ready"]["tiny-c"]       # the engine's own reason
         assert resp.json()["tiers"]["tiny-c"]["state"] == "restarting"
         restarting = _complete(gw, "solo", prompt)      # skipped: not ready, but on its way back
         _assert_openai_error(restarting, 503, "no_tier_available")

@@ -180,10 +180,19 @@ async def test_a_worker_that_dies_fails_its_requests_and_the_tier_rebuilds(tiny_
         os.kill(engine.pids[0], signal.SIGSTOP)      # frozen: the next request is surely in flight when it dies
         running = asyncio.create_task(tier.complete(_call("running", PROMPTS[4], max_tokens=240, ignore_eos=True)))
         await _until(lambda: engine._sinks, "request sent")
+        released = asyncio.Event()
+
+        async def held(_delay: float) -> None:       # the restart waits here until the test has looked
+            await released.wait()
+
+        tier.restarter.sleep = held
         os.kill(engine.pids[0], signal.SIGKILL)
         with pytest.raises(TierFailure) as caught:
             await running
-        assert caught.value.error.status >= 500
+        assert caught.value.error.status >= 500 and caught.value.error.code == "engine_unavailable"
+        await _until(lambda: tier.state == "restarting", "restart begun")
+        assert tier.unusable_reason() == "engine restarting: an engine process exited"
+        released.set()
         await _until(lambda: tier.ready and tier.engine is not engine, "tier rebuilt", timeout=120)
         assert engine.dead and tier.restarter.restarts == 1
         assert _choice((await tier.complete(_call("after", PROMPTS[3]))).body) == expected

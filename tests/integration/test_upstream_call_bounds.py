@@ -29,8 +29,8 @@ DEADLINE_S = 2.0
 class ScriptedUpstream:
     """An OpenAI-compatible upstream whose answer the test picks per call: `mode` is one of
     "overreport" (an answer claiming 2**31 - 1 completion tokens), "slow_stream" (an event every
-    0.2 s for 60 s) or "slow_answer" (a whole answer after 30 s, unless the gateway hangs up first:
-    counted in `abandoned`)."""
+    0.2 s for 60 s), "quiet_stream" (one event, then silence for 60 s) or "slow_answer" (a whole
+    answer after 30 s); the last two count in `abandoned` a gateway that hangs up first."""
 
     def __init__(self):
         self.port = free_port()
@@ -83,6 +83,21 @@ class ScriptedUpstream:
             pass
         writer.write(self._answer({"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}))
         await writer.drain()
+
+    async def _quiet_stream(self, reader, writer) -> None:
+        """One event, then nothing for 60 s unless the gateway hangs up (counted in `abandoned`)."""
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+        event = b"data: " + json.dumps({"id": "x", "object": "chat.completion.chunk", "created": 0, "model": "up",
+                                        "choices": [{"index": 0, "delta": {"content": "w"},
+                                                     "finish_reason": None}]}).encode() + b"\n\n"
+        writer.write(b"%x\r\n%s\r\n" % (len(event), event))
+        await writer.drain()
+        try:
+            if await asyncio.wait_for(reader.read(1), 60) == b"":
+                self.abandoned += 1
+                raise ConnectionResetError("the gateway hung up")
+        except TimeoutError:
+            pass
 
     async def _slow_stream(self, reader, writer) -> None:
         writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
@@ -191,6 +206,46 @@ def test_a_stream_ends_at_the_request_deadline(gw, upstream):
     assert _usage(gw).in_flight == 0             # the concurrency slot is given back
     upstream.mode = "overreport"
     assert _post(gw).status_code == 200          # and another request is admitted
+
+
+def test_a_stream_whose_tier_went_quiet_ends_at_the_request_deadline(gw, upstream):
+    """The deadline is not only checked as chunks arrive: a tier that stops sending (a stalled
+    engine, an upstream holding the connection open) does not hold the stream past it."""
+    upstream.mode = "quiet_stream"
+    abandoned = upstream.abandoned
+    started = time.monotonic()
+    with httpx.stream("POST", f"{gw.base}/v1/chat/completions", timeout=90,
+                      headers={"authorization": f"Bearer {KEY}"},
+                      json={"model": "m", "messages": MSG, "max_tokens": MAX_TOKENS, "stream": True}) as resp:
+        assert resp.status_code == 200
+        events = [line.removeprefix("data: ") for line in resp.iter_lines() if line.startswith("data: ")]
+    assert time.monotonic() - started < 45              # not the upstream's 60 s of silence
+    assert json.loads(events[-1])["error"]["code"] == "deadline_exceeded"
+    _wait_idle(gw)
+    deadline = time.time() + 25
+    while upstream.abandoned == abandoned and time.time() < deadline:
+        time.sleep(0.02)
+    assert upstream.abandoned > abandoned               # the upstream call was closed
+    upstream.mode = "overreport"
+    assert _post(gw).status_code == 200
+
+
+def test_a_stream_whose_client_left_before_its_first_chunk_is_hung_up(gw_patient, upstream):
+    """Queued or still before its first token, a stream is watched as a whole answer is: the
+    client's leaving ends the tier call at once."""
+    upstream.mode = "slow_answer"
+    abandoned = upstream.abandoned
+    with pytest.raises(httpx.ReadTimeout):
+        with httpx.stream("POST", f"{gw_patient.base}/v1/chat/completions", timeout=0.5,
+                          headers={"authorization": f"Bearer {KEY}"},
+                          json={"model": "m", "messages": MSG, "max_tokens": MAX_TOKENS, "stream": True}) as resp:
+            resp.read()
+    deadline = time.time() + 25                  # the upstream answers after 30 s; the deadline is 50 s
+    while upstream.abandoned == abandoned and time.time() < deadline:
+        time.sleep(0.02)
+    assert upstream.abandoned > abandoned        # the upstream saw the gateway hang up
+    _wait_idle(gw_patient)
+    assert _usage(gw_patient).in_flight == 0
 
 
 def test_a_non_streamed_call_whose_client_left_is_hung_up(gw_patient, upstream):
