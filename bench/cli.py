@@ -10,7 +10,7 @@ import argparse
 
 from bench.routing.cli import add_routing_parsers
 from engines.quantization.methods import GGUF_METHODS, LAYER_METHODS
-from gateway.cli.arg_types import (non_negative_int, positive_float, positive_int, positive_int_list,
+from gateway.cli.arg_types import (dtype_list, non_negative_int, positive_float, positive_int, positive_int_list,
                                    positive_int_list_or_empty, positive_rate)
 from gateway.cli.usage_error import UsageError
 
@@ -23,7 +23,8 @@ def add_bench_parsers(bench_sub) -> None:
     decode.add_argument("--json", required=True, dest="json_out")
     decode.add_argument("--new-tokens", type=positive_int, default=128)
     decode.add_argument("--repeats", type=positive_int, default=3)
-    decode.add_argument("--dtypes", default="float32,bfloat16")
+    decode.add_argument("--dtypes", type=dtype_list, default="float32,bfloat16",
+                        help="comma list of float32 and bfloat16, each measured in turn")
     decode.set_defaults(run=_bench_decode)
     offline = bench_sub.add_parser("offline", help="engine throughput vs transformers static batching")
     offline.add_argument("--json", required=True, dest="json_out")
@@ -162,7 +163,7 @@ def _reported(kind: str, run):
     """`run`, then --report DIR drawn from the JSON it wrote (bench/bench_reports.py)."""
     def run_then_report(args: argparse.Namespace) -> int:
         code = run(args)
-        if code == 0 and args.report_dir:
+        if code == 0 and args.report_dir is not None:
             from bench.bench_reports import write_report
             print(f"wrote {write_report(kind, args.json_out, args.report_dir)}")
         return code
@@ -184,14 +185,14 @@ def _bench_structured(args: argparse.Namespace) -> int:
     from bench.structured.run import run_structured_bench
     code = run_structured_bench(args.json_out, args.model, args.dtype, args.batch, args.max_tokens, args.rounds,
                                 args.compile_schemas)
-    if code == 0 and args.report_dir:
+    if code == 0 and args.report_dir is not None:
         print(f"wrote {write_structured_report(args.json_out, args.report_dir)}")
     return code
 
 
 def _bench_decode(args: argparse.Namespace) -> int:
     from bench.engine.decode import run_decode_bench
-    return run_decode_bench(args.json_out, args.new_tokens, args.repeats, args.dtypes.split(","))
+    return run_decode_bench(args.json_out, args.new_tokens, args.repeats, args.dtypes)
 
 
 def _bench_offline(args: argparse.Namespace) -> int:
@@ -235,7 +236,8 @@ def _bench_serve(args: argparse.Namespace) -> int:
     if args.warmup < 0:
         raise UsageError("--warmup must be >= 0")
     api_key = args.api_key or os.environ.get("TIERGATE_API_KEY")
-    headers, compare_headers = _parse_headers(args.header), _parse_headers(args.compare_header)
+    headers = _parse_headers(args.header, "--header")
+    compare_headers = _parse_headers(args.compare_header, "--compare-header")
     if args.compare and levels is None:
         raise UsageError("--compare runs closed loop: give --concurrency (a level or a comma list)")
     check_server_url(args.base_url, "--base-url")
@@ -253,12 +255,12 @@ def _bench_serve(args: argparse.Namespace) -> int:
                            args.seed, args.ignore_eos, headers)
 
 
-def _parse_headers(items: list[str]) -> dict[str, str]:
+def _parse_headers(items: list[str], flag: str) -> dict[str, str]:
     headers = {}
     for item in items:
         name, sep, value = item.partition(":")
         if not sep or not name.strip():
-            raise UsageError(f"--header must look like 'name: value', got {item!r}")
+            raise UsageError(f"{flag} must look like 'name: value', got {item!r}")
         headers[name.strip()] = value.strip()
     return headers
 

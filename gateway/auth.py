@@ -7,10 +7,8 @@ of it either."""
 
 from __future__ import annotations
 
-import hashlib
-
 from gateway.errors import GatewayError
-from policies.config import AuthConfig
+from policies.config import AuthConfig, hash_api_key
 
 _MISSING = ("You didn't provide an API key. Provide it in an Authorization header using Bearer auth "
             "(Authorization: Bearer YOUR_KEY).")
@@ -53,4 +51,5 @@ def bearer_key(authorization: str | None) -> str | None:
 
 def _digest(authorization: str | None) -> str | None:
     key = bearer_key(authorization)
-    return None if key is None else hashlib.sha256(key.encode()).hexdigest()
+    # hashed as configured keys are (hash_api_key), so that the two can only ever agree
+    return None if key is None else hash_api_key(key)

@@ -23,9 +23,8 @@ DEFAULT_OUTPUT_BOUND then sent as max_tokens (gateway/token_bounds.py). Each att
 
 from __future__ import annotations
 
-import hashlib
-
 from gateway.attempt import CANCELLED, Attempt
+from gateway.auth import bearer_key
 from gateway.context import RequestContext
 from gateway.errors import GatewayError
 from gateway.limits import GatewayLimits
@@ -45,6 +44,7 @@ from policies.budgets import (
 )
 from policies.budgets.rules import check_scope_id
 from policies.budgets.types import SCOPE_PREFIX
+from policies.config import KEY_DIGEST_PREFIX, hash_api_key
 from policies.retry_budget import Deadline
 
 SESSION_HEADER = "x-session-id"
@@ -55,13 +55,11 @@ COMING_UP_RETRY_S = 2.0
 
 def api_key_label(key_name: str | None, authorization: str | None) -> str | None:
     """The api_key scope id: the key's name from the config, else 'sha256:' + 12 hex digits of
-    its digest (never the key itself)."""
+    its digest (never the key itself), as the config names it (KeySource.scope_id)."""
     if key_name:
         return key_name
-    if not authorization:
-        return None
-    key = authorization.partition(" ")[2].strip()
-    return "sha256:" + hashlib.sha256(key.encode()).hexdigest()[:12]
+    key = bearer_key(authorization)
+    return None if key is None else KEY_DIGEST_PREFIX + hash_api_key(key)[:12]
 
 
 class RequestLimits:

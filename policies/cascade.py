@@ -11,7 +11,7 @@ import math
 from collections.abc import Sequence
 from typing import Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 # mean_logprob: the mean log-probability of the tokens sampled (near 0: sure of each choice);
 # mean_entropy: the mean entropy, in nats, of the distributions they were sampled from (near 0:
@@ -37,8 +37,19 @@ class CascadeConfig(BaseModel):
                         description="tokens of the first tier held back and judged before anything is sent "
                                     "(predicted_gain: the first token, whatever this says)")
     signal: CascadeSignal = "mean_logprob"
+    # Infinities are meaningful bounds: -inf for mean_logprob (+inf for the others) never
+    # escalates, the opposite sign always does (a cascade kept in place but switched off, or
+    # forced on). NaN compares false with every score, so its meaning would be an accident of
+    # the comparison's direction: refused.
     threshold: float = Field(allow_inf_nan=True, description="mean_logprob: keep at or above it; "
                                                              "mean_entropy, predicted_gain: keep at or below it")
+
+    @field_validator("threshold")
+    @classmethod
+    def _not_nan(cls, value: float) -> float:
+        if math.isnan(value):
+            raise ValueError("must be a number or +-inf, not nan")
+        return value
 
     @model_validator(mode="after")
     def _prefill_judged_on_first_token(self):

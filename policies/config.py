@@ -28,6 +28,7 @@ from pydantic import (
 from policies.cascade import CascadeConfig
 from policies.limits_config import LimitsConfig
 from policies.policy_config import (
+    KEY_DIGEST_PREFIX,
     PROFILES,
     AdminKeyConfig,
     ApiKeyConfig,
@@ -95,8 +96,9 @@ MIN_PREFIX_SECRET_CHARS = 16
 
 
 class ServerConfig(_Strict):
-    host: str = "127.0.0.1"
-    port: int = Field(8000, ge=0, le=65535)
+    host: str = Field("127.0.0.1", min_length=1, description="address or name to listen on")
+    # strict: YAML's `true` or `8000.0` is a mistake, not port 1 or 8000
+    port: int = Field(8000, ge=0, le=65535, strict=True)
     max_body_bytes: ByteSize = Field(ByteSize(4 * 2**20), gt=0, description="larger request bodies get 413")
     reload_poll_s: float = Field(2.0, ge=0, description="seconds between config file checks; 0: SIGHUP only")
     body_timeout_s: float = Field(30.0, gt=0, description="a request body not fully received this long after "
@@ -158,7 +160,14 @@ class GatewayConfig(_Strict):
         self._check_gain_model_use()
         self._check_tenants_named()
         self._check_limits_named()
+        self._check_keys_given()
         return self
+
+    def _check_keys_given(self) -> None:
+        if self.auth.enabled and not self.auth.keys:
+            raise ValueError("auth.keys: auth is enabled but no API key is configured, so every request would "
+                             "get 401 (list keys under auth.keys, or set auth.enabled: false to serve without "
+                             "keys on loopback)")
 
     def _check_served_names(self) -> None:
         """Without a models section each tier is listed under its served name (or its own name):
@@ -231,6 +240,18 @@ class GatewayConfig(_Strict):
             for alias in tenant.models or []:
                 if alias not in self.models:
                     raise ValueError(f"tenants.{name}.models: unknown model {alias!r}")
+        # A misspelt tenant or class in a rule would leave the rule never matching, silently.
+        classes = {tenant.tenant_class for tenant in self.tenants.values()}
+        places = [(f"routing.rules.{i}.match", rule.match) for i, rule in enumerate(self.routing.rules)]
+        places += [(f"classification.rules.{i}.when", rule.when) for i, rule in enumerate(self.classification.rules)]
+        for where, condition in places:
+            for name in _as_list(condition.tenant):
+                if name not in self.tenants:
+                    raise ValueError(f"{where}.tenant: unknown tenant {name!r}; tenants: {sorted(self.tenants)}")
+            for name in _as_list(condition.tenant_class):
+                if name not in classes:
+                    raise ValueError(f"{where}.tenant_class: no tenant has class {name!r}; classes: "
+                                     f"{sorted(classes)}")
 
     def _check_limits_named(self) -> None:
         # A misspelt tier or tenant would silently leave it without limits (or price).
@@ -242,6 +263,13 @@ class GatewayConfig(_Strict):
             for name in names:
                 if name not in known:
                     raise ValueError(f"{where}: unknown {kind} {name!r}; {kind}s: {sorted(known)}")
+        key_ids = {key.scope_id() for key in self.auth.keys}
+        for name in limits.api_keys.by_id:
+            # With auth off a request's key id is the digest of whatever key it presents.
+            anonymous_digest = not self.auth.enabled and name.startswith(KEY_DIGEST_PREFIX)
+            if name not in key_ids and not anonymous_digest:
+                raise ValueError(f"limits.api_keys.by_id: unknown API key {name!r} (a key's id is its name, else "
+                                 f"{KEY_DIGEST_PREFIX!r} and 12 hex digits of its digest); keys: {sorted(key_ids)}")
 
 
 def _as_list(value) -> list:

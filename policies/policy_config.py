@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import re
 from pathlib import Path
@@ -18,6 +19,8 @@ Profile = Literal["latency", "throughput", "memory"]
 PROFILES: tuple[str, ...] = ("latency", "throughput", "memory")
 Endpoint = Literal["chat", "completions"]
 
+# limits.api_keys ids of keys without a name: this, then 12 hex digits of the key's SHA-256
+KEY_DIGEST_PREFIX = "sha256:"
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _GROUP_NAME = r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}"
 
@@ -27,8 +30,11 @@ class _Strict(BaseModel):
 
 
 def hash_api_key(key: str) -> str:
-    """Keys are stored and compared as SHA-256 hex digests, never as plain text."""
-    return hashlib.sha256(key.encode()).hexdigest()
+    """Keys are stored and compared as SHA-256 hex digests, never as plain text. Surrounding
+    whitespace is not part of a key: a presented key is read stripped from its header
+    (gateway/auth.py), so a configured one is hashed stripped too, or a key kept in a mounted
+    secret (which usually ends in a newline) could never match."""
+    return hashlib.sha256(key.strip().encode()).hexdigest()
 
 
 class KeySource(_Strict):
@@ -45,12 +51,17 @@ class KeySource(_Strict):
             self.sha256 = self.sha256.lower()
             if not _HEX64.match(self.sha256):
                 raise ValueError("sha256 must be 64 hex digits")
-        elif not os.environ.get(self.env or ""):
-            raise ValueError(f"environment variable {self.env} is not set")
+        elif not os.environ.get(self.env or "", "").strip():
+            raise ValueError(f"environment variable {self.env} is not set or holds only whitespace")
         return self
 
     def digest(self) -> str:
         return self.sha256 if self.sha256 is not None else hash_api_key(os.environ[self.env or ""])
+
+    def scope_id(self) -> str:
+        """The key's id in limits.api_keys (gateway/request_limits.py api_key_label): its name,
+        else a prefix of its digest (never the key)."""
+        return self.name or KEY_DIGEST_PREFIX + self.digest()[:12]
 
 
 class ApiKeyConfig(KeySource):
@@ -114,9 +125,21 @@ class NumberCondition(_Strict):
     lte: float | None = None
 
     @model_validator(mode="after")
-    def _some_bound(self) -> NumberCondition:
-        if self.gt is None and self.gte is None and self.lt is None and self.lte is None:
+    def _bounds_hold_a_number(self) -> NumberCondition:
+        bounds = {name: getattr(self, name) for name in ("gt", "gte", "lt", "lte")}
+        given = {name: value for name, value in bounds.items() if value is not None}
+        if not given:
             raise ValueError("give at least one of gt, gte, lt, lte")
+        if any(math.isnan(value) for value in given.values()):
+            raise ValueError("a bound must be a number, not nan (nothing compares true with it)")
+        # A rule whose range holds no number never matches, silently.
+        for low_name in ("gt", "gte"):
+            for high_name in ("lt", "lte"):
+                low, high = given.get(low_name), given.get(high_name)
+                if low is None or high is None:
+                    continue
+                if low > high or (low == high and (low_name == "gt" or high_name == "lt")):
+                    raise ValueError(f"{low_name} {low:g} and {high_name} {high:g} leave no number in range")
         return self
 
 

@@ -76,7 +76,7 @@ def add_routing_parsers(bench_sub) -> None:
 
 
 def _bench_routing_labels(args: argparse.Namespace) -> int:
-    from bench.routing.labels import LabelOptions, collect_labels
+    from bench.routing.labels import LabelFileError, LabelOptions, collect_labels
     from bench.routing.workload import WorkloadCaps, WorkloadError
     if args.num_prompts < 1:
         raise UsageError("--num-prompts must be >= 1")
@@ -87,16 +87,22 @@ def _bench_routing_labels(args: argparse.Namespace) -> int:
     options = LabelOptions(num_prompts=args.num_prompts, small=args.small, large=args.large, dtype=args.dtype,
                            caps=caps, slice_name=args.slice_name)
     try:
+        # it reads the labels already in --out first, before any model is loaded
         return collect_labels(args.out, options)
+    except LabelFileError as exc:
+        raise UsageError(f"--out: {exc} (a rerun continues the label file it names)") from None
     except WorkloadError as exc:
         raise UsageError(str(exc)) from None
 
 
 def _bench_routing_train(args: argparse.Namespace) -> int:
+    from bench.routing.labels import LabelFileError
     from bench.routing.train_router import TrainOptions, run_train
     from bench.routing.workload import WorkloadError
     if not 0 < args.share < 1 or args.folds < 2 or args.min_prompts_per_feature < 1:
         raise UsageError("need 0 < --share < 1, --folds >= 2 and --min-prompts-per-feature >= 1")
+    if not args.labels.strip():
+        raise UsageError("--labels is empty; give the file routing-labels wrote")
     check_output_file(args.out, "--out")
     rows = None
     if args.prefill_rows:
@@ -115,6 +121,8 @@ def _bench_routing_train(args: argparse.Namespace) -> int:
         return run_train(args.labels, args.out, options,
                          None if args.prefill_model.lower() == "none" else args.prefill_model, args.dtype,
                          args.prefill_cache)
+    except LabelFileError as exc:       # read first, before any model is loaded
+        raise UsageError(f"--labels: {exc}") from None
     except WorkloadError as exc:
         raise UsageError(str(exc)) from None
 
@@ -130,6 +138,9 @@ def _bench_routing(args: argparse.Namespace) -> int:
         raise UsageError("--latency-tokens must be >= 2 and >= --probe-tokens")
     if not 1 <= args.min_reference_tokens <= args.max_reference_tokens or args.max_prompt_tokens < 1:
         raise UsageError("need 1 <= --min-reference-tokens <= --max-reference-tokens and --max-prompt-tokens >= 1")
+    gain_model = None if args.gain_model.lower() == "none" else args.gain_model
+    if gain_model is not None:
+        _check_gain_model(gain_model)
     if args.threads is not None:
         if args.threads < 1:
             raise UsageError("--threads must be >= 1")
@@ -141,8 +152,18 @@ def _bench_routing(args: argparse.Namespace) -> int:
                              seed=args.seed, speed_batch=args.speed_batch, speed_decode_tokens=args.speed_decode_tokens,
                              speed_rounds=args.speed_rounds,
                              latency_prompts=args.latency_prompts, latency_tokens=args.latency_tokens,
-                             gain_model=None if args.gain_model.lower() == "none" else args.gain_model)
+                             gain_model=gain_model)
     try:
         return run_routing_bench(args.json_out, args.report_dir, options)
     except WorkloadError as exc:
         raise UsageError(str(exc)) from None
+
+
+def _check_gain_model(name: str) -> None:
+    """Read before the benchmark loads its models: a misspelt name fails in a moment."""
+    from policies.gain_model import BUNDLED_DIR, GainModelError, load_gain_model, resolve_gain_model_path
+    try:
+        load_gain_model(resolve_gain_model_path(name))
+    except GainModelError as exc:
+        bundled = ", ".join(sorted(p.stem for p in BUNDLED_DIR.glob("*.json")))
+        raise UsageError(f"--gain-model {name!r}: {exc} (bundled: {bundled}; or a path, or 'none')") from None

@@ -65,13 +65,26 @@ class PromptLabel:
                    int(row["small_reference_tokens"]), int(row["large_reference_tokens"]))
 
 
+class LabelFileError(ValueError):
+    """A label file that cannot be read as one (a directory, not UTF-8 text, unreadable)."""
+
+
 def read_labels(path: str | Path) -> list[PromptLabel]:
-    """Every whole line of a label file; a last line cut off by an interrupted run is dropped."""
+    """Every whole line of a label file; a last line cut off by an interrupted run is dropped.
+    A missing file holds no labels; one that cannot be read raises LabelFileError."""
     labels = []
     p = Path(path)
     if not p.exists():
         return labels
-    for line in p.read_text(encoding="utf-8").splitlines():
+    if p.is_dir():
+        raise LabelFileError(f"{path} is a directory, not a label file")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise LabelFileError(f"{path} is not UTF-8 text, so not a label file") from None
+    except OSError as exc:
+        raise LabelFileError(f"cannot read {path} ({exc.strerror or exc})") from None
+    for line in text.splitlines():
         try:
             labels.append(PromptLabel.from_json(json.loads(line)))
         except (json.JSONDecodeError, KeyError, TypeError, ValueError):

@@ -140,11 +140,12 @@ def run_routing_bench(json_out: str, report_dir: str | None, options: RoutingOpt
     console = Console(stderr=True)
     started = time.perf_counter()
     cores = torch.get_num_threads()
+    # First: a gain model that cannot be read fails in a moment, not after a model load.
+    gain = load_gain_model(resolve_gain_model_path(options.gain_model)) if options.gain_model else None
     console.log(f"small tier {options.small!r}: loading ({options.dtype})")
     small = load_model(options.small, options.dtype)
     prompts = load_routing_prompts(small.tokenizer, small.chat_template, options.num_prompts, options.caps,
                                    options.slice_name)
-    gain = load_gain_model(resolve_gain_model_path(options.gain_model)) if options.gain_model else None
     hidden_rows = gain.prefill.rows if gain is not None and gain.prefill is not None else (0,)
     small_scores = _score_all(small, prompts, console, "small", prompt_logprobs=True, hidden_rows=hidden_rows)
     probes = _probe_all(small, prompts, console, max(options.probe_tokens, *CANDIDATE_KS), options.speed_batch)

@@ -95,3 +95,20 @@ def positive_int_list_or_empty(text: str) -> list[int]:
             raise argparse.ArgumentTypeError(f"takes integers >= 1, not {value}")
         values.append(value)
     return values
+
+
+# The compute dtypes the benchmarks load a model in.
+COMPUTE_DTYPES = ("float32", "bfloat16")
+
+
+def dtype_list(text: str) -> list[str]:
+    """A comma list of compute dtypes such as 'float32,bfloat16': at least one, each known, none twice."""
+    values = [part.strip() for part in text.split(",") if part.strip()]
+    if not values:
+        raise argparse.ArgumentTypeError(f"takes a comma list of {', '.join(COMPUTE_DTYPES)}; got none")
+    unknown = [v for v in values if v not in COMPUTE_DTYPES]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown dtype {unknown[0]!r}; choose from {', '.join(COMPUTE_DTYPES)}")
+    if len(set(values)) < len(values):
+        raise argparse.ArgumentTypeError(f"names a dtype twice: {text!r}")
+    return values

@@ -36,7 +36,10 @@ def generate(args: argparse.Namespace) -> int:
     if tier.kind != "embedded":
         raise UsageError(f"tier {tier_name!r} is an upstream tier; generate runs embedded tiers only")
     if args.model is None:
+        from gateway.cli.start_checks import check_tier_can_start
+
         settings = tier if args.dtype is None else tier.model_copy(update={"dtype": args.dtype})
+        check_tier_can_start(tier_name, settings, args.config)
         return _generate_on_tier(tier_name, settings, args)
     # A model named on the command line runs as given, token by token on a contiguous cache: the
     # tier's quantization and engine settings are not applied.
@@ -81,7 +84,12 @@ def _generate_on_tier(name: str, settings, args: argparse.Namespace) -> int:
     from gateway.tiers.embedded_load import engine_on, load_tier_model
 
     loaded, notes = load_tier_model(name, settings, log_level=logging.INFO)
-    engine = engine_on(name, settings, loaded, notes)
+    try:
+        engine = engine_on(name, settings, loaded, notes)
+    except ValueError as exc:
+        # The engine refuses settings it cannot run (a KV pool too small for the model as
+        # loaded): the tier's configuration, to fix there.
+        raise UsageError(f"tier {name!r} cannot start its engine: {exc}") from None
     try:
         try:
             engine.add_request("generate", _chat_ids(loaded, args.prompt),
@@ -108,17 +116,20 @@ def serve(config_path: str, host: str | None, port: int | None) -> int:
     from gateway.reload import ConfigReloader
     from gateway.cli.calibration import calibration_source
     from gateway.runtime import RuntimeHolder, build_runtime
-    from gateway.cli.usage_error import UsageError
-    from policies.config import is_loopback
-
-    cfg = load_config(config_path)
-    host = host or cfg.server.host
-    port = port if port is not None else cfg.server.port
-    if not cfg.auth.enabled and not is_loopback(host):
-        raise UsageError(f"auth is off in {config_path}: serving without API keys is allowed on loopback only, "
-                         f"not on {host}")
+    from gateway.cli.listen_check import check_can_listen
     from gateway.cli.start_checks import check_can_start
-    check_can_start(cfg, config_path)
+    from gateway.cli.usage_error import UsageError
+
+    if host is not None and not host.strip():
+        raise UsageError("--host is empty; give an address such as 127.0.0.1")
+    cfg = load_config(config_path)
+    check_can_start(cfg, config_path, host)
+    # Options given replace the config's fields; an error names whichever set the value.
+    host_flag = "--host" if host is not None else f"{config_path}: server.host"
+    port_flag = "--port" if port is not None else f"{config_path}: server.port"
+    host = host if host is not None else cfg.server.host
+    port = port if port is not None else cfg.server.port
+    check_can_listen(host, port, host_flag, port_flag)
     # Model loads, tier readiness and per-request decisions are worth seeing at start.
     for name in ("engines", "gateway", "tiergate.requests"):
         logging.getLogger(name).setLevel(logging.INFO)

@@ -10,7 +10,7 @@ from pathlib import Path
 from engines.errors import ModelLoadError
 from engines.quantization.methods import ARTIFACT_METHODS, INT4_GROUP_SIZES
 from gateway.cli.arg_types import non_negative_float, port_number, positive_int
-from gateway.cli.output_paths import check_output_dir, check_output_file
+from gateway.cli.output_paths import check_file_outside_dir, check_output_dir, check_output_file
 from gateway.cli.usage_error import UsageError
 from policies.config import ConfigError
 
@@ -113,10 +113,14 @@ def _resolve_config(path: str) -> str:
 def _check_outputs(args: argparse.Namespace) -> None:
     """Every command writes its --json and --report at the end, after the work: refuse a path it
     could not write before the work starts."""
-    if getattr(args, "json_out", None):
-        check_output_file(args.json_out, "--json")
-    if getattr(args, "report_dir", None):
-        check_output_dir(args.report_dir, "--report")
+    # `is not None`, not truthiness: an empty path given is a mistake to refuse, not an option left out.
+    json_out, report_dir = getattr(args, "json_out", None), getattr(args, "report_dir", None)
+    if json_out is not None:
+        check_output_file(json_out, "--json")
+    if report_dir is not None:
+        check_output_dir(report_dir, "--report")
+        if json_out is not None:
+            check_file_outside_dir(json_out, "--json", report_dir, "--report")
     if args.command == "quantize":
         check_output_dir(args.out, "--out")
 
@@ -158,6 +162,9 @@ def _dispatch(args: argparse.Namespace) -> int:
         except UnicodeEncodeError:
             # Bytes that are not UTF-8 reach argv as lone surrogates, which have no UTF-8 form.
             raise UsageError("the key is not valid UTF-8 text") from None
+        if not args.key.strip():
+            raise UsageError("the key is empty")
+        # Surrounding whitespace is dropped, as from configured and presented keys.
         print(hash_api_key(args.key))
         return 0
     if args.command == "bench":

@@ -12,6 +12,7 @@ from gateway.cli.usage_error import UsageError
 
 def check_output_file(path: str, flag: str) -> None:
     """A file the command will create or replace (its missing parent directories are created)."""
+    _check_not_empty(path, flag)
     target = Path(path).expanduser()
     if target.is_dir():
         raise UsageError(f"{flag} {path} is a directory; give a file path")
@@ -22,10 +23,27 @@ def check_output_file(path: str, flag: str) -> None:
 
 def check_output_dir(path: str, flag: str) -> None:
     """A directory the command will create (with its parents) or write into."""
+    _check_not_empty(path, flag)
     target = Path(path).expanduser()
     if target.exists() and not target.is_dir():
         raise UsageError(f"{flag} {path} exists and is not a directory")
     _check_can_create_in(target, flag, path)
+
+
+def check_file_outside_dir(file_path: str, file_flag: str, dir_path: str, dir_flag: str) -> None:
+    """The file is written first, then the directory: the file must not be the directory or one
+    of the directories above it, or the second write fails after all the work."""
+    file = Path(file_path).expanduser().absolute()
+    directory = Path(dir_path).expanduser().absolute()
+    if file == directory or file in directory.parents:
+        raise UsageError(f"{file_flag} {file_path} and {dir_flag} {dir_path}: the file would stand where the "
+                         "directory must be; give them different paths")
+
+
+def _check_not_empty(path: str, flag: str) -> None:
+    # An empty path means the working directory to some calls and nothing to others.
+    if not path.strip():
+        raise UsageError(f"{flag} is empty; give a path")
 
 
 def _check_can_create_in(directory: Path, flag: str, path: str) -> None:

@@ -112,3 +112,24 @@ def test_checks_create_nothing(tmp_path):
     assert list(tmp_path.iterdir()) == []
     with pytest.raises(UsageError):
         check_output_dir("/proc/tiergate-test", "--report")
+
+
+@pytest.mark.parametrize("argv, option", [
+    (["bench", "gateway", "--json", ""], "--json"),
+    (["bench", "offline", "--json", "OUT/o.json", "--report", ""], "--report"),
+    (["eval", "ppl", "--json", " "], "--json"),
+    (["quantize", "--method", "int8", "--out", ""], "--out"),
+])
+def test_an_empty_path_is_refused_not_skipped(tmp_path, capsys, runs, argv, option):
+    _refused(capsys, [a.replace("OUT", str(tmp_path)) for a in argv], option)
+    assert runs == []
+
+
+@pytest.mark.parametrize("report", ["same", "same/below"])
+def test_a_json_file_where_the_report_directory_goes_is_refused(tmp_path, capsys, runs, report):
+    _refused(capsys, ["bench", "offline", "--json", str(tmp_path / "same"), "--report", str(tmp_path / report)],
+             "--report")
+    assert runs == []
+    # beside or inside the report directory is fine
+    rep = str(tmp_path / "rep")
+    assert main(["bench", "offline", "--json", str(tmp_path / "rep" / "o.json"), "--report", rep]) == 0

@@ -74,7 +74,9 @@ def test_missing_config_file(tmp_path):
 
 
 def test_defaults_fill_in_models_and_tenant():
-    cfg = parse_config("tiers:\n  a: {served_name: alpha}\n  b:\n    kind: upstream\n    model: m\n"
+    # auth is on by default, so the one section a minimal file needs is a key
+    cfg = parse_config(f"auth: {{keys: [{{tenant: default, sha256: {hash_api_key('sk-test')}}}]}}\n"
+                       "tiers:\n  a: {served_name: alpha}\n  b:\n    kind: upstream\n    model: m\n"
                        "    base_url: http://h:1/v1/\n")
     assert {k: v.chain for k, v in cfg.models.items()} == {"alpha": ["a"], "b": ["b"]}
     assert list(cfg.tenants) == ["default"] and cfg.auth.enabled

@@ -8,10 +8,11 @@ from gateway.auth import KeyTable
 from policies.config import ConfigError, hash_api_key, parse_config
 
 TIER = "tiers: {up: {kind: upstream, base_url: 'http://127.0.0.1:9/v1', model: x}}\n"
+AUTH_OFF = "auth: {enabled: false}\n"
 
 
 def test_defaults_bound_every_request():
-    server = parse_config(TIER).server
+    server = parse_config(TIER + AUTH_OFF).server
     assert server.body_timeout_s == 30 and server.max_choices_per_request == 128 and server.reload_settle_s == 1
 
 
@@ -30,9 +31,9 @@ def test_bad_edge_settings_name_their_field(text, needle):
 
 def test_admin_keys_from_digests_or_the_environment(monkeypatch):
     monkeypatch.setenv("TIERGATE_TEST_ADMIN_KEY", "sk-ops-from-env")
-    cfg = parse_config(TIER + f"auth: {{admin_keys: [{{sha256: {hash_api_key('sk-ops-digest')}}}, "
+    cfg = parse_config(TIER + f"auth: {{enabled: false, admin_keys: [{{sha256: {hash_api_key('sk-ops-digest')}}}, "
                               "{env: TIERGATE_TEST_ADMIN_KEY}]}\n")
     keys = KeyTable(cfg.auth)
     assert keys.is_admin("Bearer sk-ops-digest") and keys.is_admin("bearer  sk-ops-from-env ")
     assert not keys.is_admin("Bearer sk-other") and not keys.is_admin(None) and not keys.is_admin("Basic sk-ops-digest")
-    assert not KeyTable(parse_config(TIER).auth).is_admin("Bearer sk-ops-digest")
+    assert not KeyTable(parse_config(TIER + AUTH_OFF).auth).is_admin("Bearer sk-ops-digest")

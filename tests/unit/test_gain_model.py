@@ -108,6 +108,7 @@ def test_a_broken_prefill_part_is_refused(prefill):
 
 
 PREFILL_CONFIG = """
+auth: {enabled: false}
 tiers:
   small: {}
   large: {}
@@ -140,6 +141,7 @@ def test_names_resolve_to_bundled_files_and_paths_to_the_config_folder(tmp_path)
 
 
 CONFIG = """
+auth: {enabled: false}
 tiers:
   small: {}
   large: {}
@@ -175,7 +177,7 @@ def test_the_config_loads_the_model_beside_it_and_routes_predicted_gains_to_larg
 
 
 def test_without_a_gain_model_nothing_is_predicted():
-    classifier = Classifier(parse_config("tiers: {a: {}}\n").classification)
+    classifier = Classifier(parse_config("auth: {enabled: false}\ntiers: {a: {}}\n").classification)
     assert classifier.gain_model is None and classifier.predict_gain("anything", None) is None
     assert "large_gain" not in classifier.classify(_features(None)).needs
 

@@ -44,6 +44,7 @@ def test_only_the_window_is_read():
 
 
 CONFIG = """
+auth: {enabled: false}
 tiers: {small: {}, large: {}}
 models: {auto: {chain: [small, large]}}
 routing:

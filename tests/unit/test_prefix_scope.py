@@ -86,12 +86,13 @@ def test_upstream_body_gets_the_scope_salt_only_where_supported(scopes):
 
 # ---- config -------------------------------------------------------------------------------
 def _tenant(value: str) -> TenantConfig:
-    return parse_config(f"tiers: {{a: {{}}}}\ntenants: {{t: {{prefix_cache: {value}}}}}\n").tenants["t"]
+    return parse_config(f"auth: {{enabled: false, anonymous_tenant: t}}\ntiers: {{a: {{}}}}\n"
+                        f"tenants: {{t: {{prefix_cache: {value}}}}}\n").tenants["t"]
 
 
 def test_tenants_are_isolated_unless_the_config_says_otherwise():
     assert TenantConfig().prefix_cache == "isolated"
-    assert parse_config("tiers: {a: {}}\n").tenants["default"].prefix_cache == "isolated"
+    assert parse_config("auth: {enabled: false}\ntiers: {a: {}}\n").tenants["default"].prefix_cache == "isolated"
     assert _tenant("shared").prefix_cache == "shared" and _tenant("isolated").prefix_cache == "isolated"
     assert _tenant("{group: support-bots}").prefix_cache == PrefixCacheGroup(group="support-bots")
     assert _tenant("{group: support-bots}").model_dump()["prefix_cache"] == {"group": "support-bots"}
@@ -114,7 +115,7 @@ def test_a_bad_prefix_cache_names_the_field(value, message):
 
 
 def test_the_operator_secret_comes_from_the_environment(monkeypatch):
-    text = "tiers: {a: {}}\nserver: {prefix_cache_secret_env: TG_PREFIX_SECRET}\n"
+    text = "auth: {enabled: false}\ntiers: {a: {}}\nserver: {prefix_cache_secret_env: TG_PREFIX_SECRET}\n"
     monkeypatch.delenv("TG_PREFIX_SECRET", raising=False)
     with pytest.raises(ConfigError, match="server: environment variable TG_PREFIX_SECRET"):
         parse_config(text)
@@ -125,7 +126,7 @@ def test_the_operator_secret_comes_from_the_environment(monkeypatch):
     cfg = parse_config(text)
     assert cfg.server.prefix_cache_secret() == "a-long-enough-secret"
     assert "a-long-enough-secret" not in json.dumps(cfg.model_dump(mode="json"))   # never dumped
-    assert parse_config("tiers: {a: {}}\n").server.prefix_cache_secret() is None
+    assert parse_config("auth: {enabled: false}\ntiers: {a: {}}\n").server.prefix_cache_secret() is None
 
 
 def test_upstream_tiers_do_not_get_a_cache_salt_by_default():

@@ -40,6 +40,8 @@ def test_default_config_cascades_on_predicted_gain_and_pins_the_concrete_model(d
 
 
 CONFIG = """
+auth: {enabled: false}
+tenants: {default: {}, acme: {}, nightly: {class: batch}}
 tiers: {a: {}, b: {}, c: {}, d: {}}
 models:
   m1: {chain: [a, b]}
@@ -68,6 +70,7 @@ def test_rules_match_tenant_class_profile_and_model_else_alias_chain():
 
 
 NEEDS_CONFIG = """
+auth: {enabled: false}
 tiers: {small: {}, large: {}, tooler: {kind: upstream, base_url: "http://127.0.0.1:1/v1", model: x}}
 models:
   auto: {chain: [small, large]}

@@ -174,13 +174,15 @@ def test_gateway_config_has_the_section_and_tenants_the_opt_in():
     from policies.config import ConfigError, parse_config
 
     cfg = parse_config("""
+auth: {enabled: false}
+tenants: {default: {}, a: {record_content: true}, b: {}}
 tiers: {up: {kind: upstream, base_url: "http://127.0.0.1:9/v1", model: m}}
-tenants: {a: {record_content: true}, b: {}}
 telemetry: {exporter: otlp, endpoint: "http://collector:4318", record_content: true}
 """)
     assert isinstance(cfg.telemetry, Reexported) and cfg.telemetry.exporter == "otlp"
     assert cfg.tenants["a"].record_content is True and cfg.tenants["b"].record_content is False
-    assert parse_config('tiers: {up: {kind: upstream, base_url: "http://h/v1", model: m}}').telemetry.exporter == "none"
+    assert parse_config('auth: {enabled: false}\n'
+                        'tiers: {up: {kind: upstream, base_url: "http://h/v1", model: m}}').telemetry.exporter == "none"
     with pytest.raises(ConfigError, match=r"telemetry\.endpoint: .*not an http\(s\) URL"):
         parse_config('tiers: {up: {kind: upstream, base_url: "http://h/v1", model: m}}\n'
                      'telemetry: {endpoint: "collector:4318"}')
