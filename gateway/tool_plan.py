@@ -110,7 +110,8 @@ def _call(call: Any, where: str) -> dict[str, Any]:
 
 def _tag(tokenizer: TextTokenizer, text: str) -> str:
     """A Lark reference to the one token spelling `text` when the vocabulary has it as an added
-    token (llguidance matches those by id, not by their bytes), else the text as a literal."""
+    token (the call opens with the token the model was taught to write, not the same bytes in
+    pieces), else the text as a literal."""
     token_id = tokenizer.backend.token_to_id(text)
     if token_id is not None and token_id in tokenizer.backend.get_added_tokens_decoder():
         return f"<[{token_id}]>"

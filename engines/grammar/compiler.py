@@ -41,7 +41,7 @@ import llguidance
 
 from engines.errors import EngineDeadError, GrammarCompilerBusyError
 from engines.grammar.errors import GrammarError
-from engines.grammar.llg_tokenizer import build_llg_tokenizer, token_reference
+from engines.grammar.llg_tokenizer import build_llg_tokenizer
 from engines.grammar.spec import JSON_OPTIONS, GrammarSpec
 from engines.grammar.state import GrammarState
 from engines.tokenizer import TextTokenizer
@@ -141,10 +141,6 @@ class GrammarCompiler:
             if self._llg is None:
                 self._llg = build_llg_tokenizer(self.tokenizer, self.vocab_size)
             return self._llg
-
-    def token_reference(self, text: str) -> str | None:
-        """A Lark reference to the special token spelling `text`, if there is one (see llg_tokenizer)."""
-        return token_reference(self.llg_tokenizer, self.tokenizer, text)
 
     # ---- compiling -----------------------------------------------------------------------
     def compile(self, spec: GrammarSpec) -> CompiledGrammar:

@@ -288,3 +288,15 @@ def test_a_cached_refusal_names_the_field_of_the_request_it_refuses(setup):
     assert first.status_code == again.status_code == 400
     assert again.json()["error"]["param"] == "guided_json"
     assert again.json()["error"]["message"].startswith("guided_json:"), again.json()
+
+
+@pytest.mark.parametrize("extra,expected", [
+    ({"guided_regex": re.escape("<|im_start|>") + "ab"}, {"<|im_start|>ab"}),
+    ({"guided_choice": ["<|im_end|>"]}, {"<|im_end|>"}),
+])
+def test_a_constraint_spelling_a_special_token_is_written_as_text(client, extra, expected):
+    """The special tokens' spellings are text to a constraint: written with ordinary tokens (the
+    special token is never forced for them, nor taken for the end of the answer)."""
+    for seed in range(2):
+        choice = _chat(client, seed, **extra)
+        assert choice.message.content in expected and choice.finish_reason == "stop", choice
