@@ -16,7 +16,7 @@ ordinary added token that spells it), and a special token is only ever what a gr
 from __future__ import annotations
 
 import llguidance
-from llguidance._tokenizer import TokenizerWrapper
+from llguidance import TokenizerWrapper
 from tokenizers import Tokenizer
 
 from engines.tokenizer import TextTokenizer
