@@ -49,7 +49,7 @@ class IncrementalDetokenizer:
         found = [(i, s) for s in self.stop if (i := self.text.find(s, max(0, old_end - len(s) + 1))) >= 0]
         if not found:
             return False
-        index, stop = min(found)
+        index, stop = min(found, key=lambda hit: hit[0])     # where two start together: the first listed
         self.text = self.text[: index + len(stop) if self.include_stop else index]
         self.stopped = True
         return True

@@ -247,7 +247,11 @@ class LLMEngine:
             self.stats.generated_tokens += 1
             # Before min_tokens the sampler keeps EOS and stop tokens out, and stop strings go unchecked.
             check_stop = len(seq.output_ids) > seq.params.min_tokens
-            if token in seq.stop_ids or req.detok.push(token, check_stop) or _grammar_done(seq, token):
+            if token in seq.stop_ids:
+                if seq.params.include_stop_str_in_output:
+                    req.detok.push(token, False)     # its text too (nothing for a special token skipped)
+                reason = "stop"
+            elif req.detok.push(token, check_stop) or _grammar_done(seq, token):
                 reason = "stop"
             elif len(seq.output_ids) >= seq.params.max_tokens or seq.num_tokens >= self.max_model_len:
                 reason = "length"

@@ -134,7 +134,7 @@ def load_model(
     torch_dtype = parse_dtype(dtype)
     target = resolve_device(device)
     ckpt = open_hf_checkpoint(resolve_checkpoint_dir(source, cache_root))
-    tokenizer = TextTokenizer.from_file(ckpt.tokenizer_json, ckpt.tokenizer_config, ckpt.config.eos_token_id)
+    tokenizer = TextTokenizer.from_file(ckpt.tokenizer_json, ckpt.tokenizer_config, ckpt.end_of_generation_ids)
     template = ChatTemplate(ckpt.tokenizer_config.get("chat_template"), tokenizer.bos_token, tokenizer.eos_token)
     model = LlamaForCausalLM(ckpt.config, torch_dtype)
     quantization = None

@@ -102,7 +102,7 @@ def completion_logprobs(lps: list[TokenLogprob], pieces: TokenPieces, offset: in
         top = None
         if lp.logprob is not None:
             top = {pieces.piece(tid)[0]: val for tid, val in lp.top}
-            top.setdefault(text, lp.logprob)
+            top[text] = lp.logprob       # the sampled token's own value, even where pieces read alike
         tops.append(top)
         offsets.append(offset)
         offset += pieces.width(lp.token_id)

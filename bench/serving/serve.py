@@ -55,7 +55,7 @@ def load_serve_requests(n: int, max_prompt_tokens: int, max_tokens: int, seed: i
     from bench.datasets.sharegpt import load_sharegpt_requests
 
     ckpt = open_hf_checkpoint(resolve_checkpoint_dir("default"))
-    tok = TextTokenizer.from_file(ckpt.tokenizer_json, ckpt.tokenizer_config, ckpt.config.eos_token_id)
+    tok = TextTokenizer.from_file(ckpt.tokenizer_json, ckpt.tokenizer_config, ckpt.end_of_generation_ids)
     template = ChatTemplate(ckpt.tokenizer_config.get("chat_template"), tok.bos_token, tok.eos_token)
     # The template around an empty question is the least any prompt takes: below it, scanning the
     # dataset could only find nothing.

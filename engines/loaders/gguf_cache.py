@@ -19,11 +19,12 @@ from safetensors.torch import save_file
 
 from engines.errors import ModelLoadError
 from engines.loaders.gguf_file import read_gguf
+from engines.loaders.hf_checkpoint import GENERATION_CONFIG
 
 log = logging.getLogger(__name__)
 
 # Bump when the conversion changes, so stale caches are not reused.
-CONVERTER_VERSION = 1
+CONVERTER_VERSION = 2
 
 
 def default_cache_root() -> Path:
@@ -69,6 +70,7 @@ def materialize_gguf(gguf_path: Path, cache_root: Path | None = None, progress: 
         (tmp / "config.json").write_text(json.dumps(contents.config.to_hf(), indent=2))
         (tmp / "tokenizer.json").write_text(contents.tokenizer_json)
         (tmp / "tokenizer_config.json").write_text(json.dumps(contents.tokenizer_config, indent=2))
+        (tmp / GENERATION_CONFIG).write_text(json.dumps(contents.generation_config, indent=2))
         save_file(contents.tensors, str(tmp / "model.safetensors"), metadata={"source": str(gguf_path)})
         try:
             tmp.rename(target)  # atomic: a concurrent start either sees all or nothing

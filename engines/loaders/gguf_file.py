@@ -17,7 +17,7 @@ import torch
 from tqdm import tqdm
 
 from engines.errors import ModelLoadError
-from engines.loaders.gguf_tokenizer import build_gguf_tokenizer
+from engines.loaders.gguf_tokenizer import build_gguf_tokenizer, end_of_generation_ids
 from engines.model_config import ARCHITECTURES, Architecture, ModelConfig, RopeScaling
 
 _GLOBAL_NAMES = {
@@ -45,6 +45,7 @@ class GGUFContents:
     tensors: dict[str, torch.Tensor]
     tokenizer_json: str
     tokenizer_config: dict[str, Any]
+    generation_config: dict[str, Any]      # as an HF repo's generation_config.json: its EOS ids
 
 
 @dataclass(frozen=True)
@@ -112,14 +113,17 @@ def read_gguf(path: Path, progress: bool = True) -> GGUFContents:
         weight = torch.from_numpy(np.array(array, dtype=np.float32, copy=True))
         order = place.row_order(weight.shape[0])
         tensors[place.hf] = weight if order is None else weight[order].contiguous()
+    tokens = meta["tokenizer.ggml.tokens"]
+    token_types = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
     tokenizer = build_gguf_tokenizer(
         meta.get("tokenizer.ggml.model", "gpt2"),
         meta.get("tokenizer.ggml.pre", "default"),
-        meta["tokenizer.ggml.tokens"],
-        meta.get("tokenizer.ggml.token_type") or [1] * len(meta["tokenizer.ggml.tokens"]),
+        tokens,
+        token_types,
         meta.get("tokenizer.ggml.merges") or [],
     )
-    tokens = meta["tokenizer.ggml.tokens"]
+    ends = end_of_generation_ids(tokens, token_types, [meta.get(f"tokenizer.ggml.{kind}_token_id")
+                                                       for kind in ("eos", "eot", "eom")])
     tok_cfg = {
         "chat_template": meta.get("tokenizer.chat_template"),
         "bos_token": _token(tokens, meta.get("tokenizer.ggml.bos_token_id")),
@@ -127,7 +131,7 @@ def read_gguf(path: Path, progress: bool = True) -> GGUFContents:
         "pad_token": _token(tokens, meta.get("tokenizer.ggml.padding_token_id")),
         "add_bos_token": bool(meta.get("tokenizer.ggml.add_bos_token", False)),
     }
-    return GGUFContents(config, tensors, tokenizer.to_str(), tok_cfg)
+    return GGUFContents(config, tensors, tokenizer.to_str(), tok_cfg, {"eos_token_id": ends})
 
 
 def _config(meta: dict[str, Any], reader, arch: Architecture) -> ModelConfig:

@@ -8,6 +8,11 @@ from engines.errors import ModelLoadError
 
 # GGUF token types (llama.cpp's llama_token_type).
 _CONTROL, _USER_DEFINED = 3, 4
+# Control tokens that end a turn or a text: llama.cpp ends generation at them besides the declared
+# EOS (a GGUF names one EOS; Qwen2.5's instruct models end at <|im_end|> or <|endoftext|>, as
+# their HF generation_config says).
+_END_TEXTS = frozenset({"<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<end_of_turn>",
+                        "<EOT>", "<|end_of_text|>"})
 
 # The split regexes llama.cpp and transformers use for each `tokenizer.ggml.pre` (the merges were
 # learned on text split this way). Llama 3 groups digits by three, Qwen2 splits them one by one.
@@ -53,3 +58,11 @@ def build_gguf_tokenizer(model: str, pre: str, tokens: list[str], token_types: l
     if user:
         tok.add_tokens(user)
     return tok
+
+
+def end_of_generation_ids(tokens: list[str], token_types: list[int], declared: list[int | None]) -> list[int]:
+    """The ids generation ends at: the declared ones (EOS, EOT, EOM) and the control tokens
+    spelled as the end of a turn or a text."""
+    ids = {i for i in declared if isinstance(i, int) and 0 <= i < len(tokens)}
+    ids.update(i for i, (text, kind) in enumerate(zip(tokens, token_types)) if kind == _CONTROL and text in _END_TEXTS)
+    return sorted(ids)

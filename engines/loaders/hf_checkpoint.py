@@ -1,5 +1,7 @@
 """Read a Hugging Face checkpoint directory: config.json, safetensors (sharded or not),
-tokenizer.json and tokenizer_config.json."""
+tokenizer.json, tokenizer_config.json and generation_config.json (the ids generation ends at,
+which may be more than config.json's EOS: Qwen2.5's instruct models end at <|im_end|> or
+<|endoftext|>)."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from engines.model_config import ModelConfig
 
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
+GENERATION_CONFIG = "generation_config.json"
 
 
 @dataclass
@@ -26,6 +29,7 @@ class HFCheckpoint:
     raw_config: dict[str, Any]
     tokenizer_json: Path
     tokenizer_config: dict[str, Any]
+    end_of_generation_ids: list[int]       # config.json's EOS and generation_config.json's
 
     def load_tensors(self) -> dict[str, torch.Tensor]:
         return load_safetensors(self.path)
@@ -43,7 +47,18 @@ def open_hf_checkpoint(path: Path) -> HFCheckpoint:
     template_file = path / "chat_template.jinja"  # transformers >= 4.43 may store it apart
     if not tok_cfg.get("chat_template") and template_file.is_file():
         tok_cfg["chat_template"] = template_file.read_text()
-    return HFCheckpoint(path, ModelConfig.from_hf(raw), raw, tokenizer_json, tok_cfg)
+    generation = _read_json(path / GENERATION_CONFIG) if (path / GENERATION_CONFIG).is_file() else {}
+    ends = sorted({*_ids(raw.get("eos_token_id")), *_ids(generation.get("eos_token_id"))})
+    return HFCheckpoint(path, ModelConfig.from_hf(raw), raw, tokenizer_json, tok_cfg, ends)
+
+
+def _ids(value) -> list[int]:
+    """An EOS field: one id, a list of them, or nothing."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return [value]
+    if isinstance(value, list):
+        return [i for i in value if isinstance(i, int) and not isinstance(i, bool)]
+    return []
 
 
 def load_safetensors(path: Path) -> dict[str, torch.Tensor]:

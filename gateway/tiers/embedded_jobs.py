@@ -122,8 +122,9 @@ def engine_jobs(call: TierCall, prompts: list[list[int]], engine: LLMEngine, dra
             params = SamplingParams(
                 max_tokens=max_tokens, temperature=1.0 if body.temperature is None else body.temperature,
                 top_p=1.0 if body.top_p is None else max(body.top_p, LIKELIEST_ONLY_TOP_P),
-                top_k=body.top_k or 0, min_p=body.min_p or 0.0,
-                seed=derive_seed(body.seed, p_index * body.n + i), stop=body.stop_list(),
+                top_k=max(body.top_k or 0, 0), min_p=body.min_p or 0.0,       # -1 and 0: off (vLLM's)
+                # by choice, not by prompt: a prompt's seeded answer is the same wherever it sits in the list
+                seed=derive_seed(body.seed, i), stop=body.stop_list(),
                 ignore_eos=body.ignore_eos, stop_token_ids=list(extra.get("stop_token_ids") or ()),
                 include_stop_str_in_output=bool(extra.get("include_stop_str_in_output")),
                 skip_special_tokens=extra.get("skip_special_tokens") is not False,

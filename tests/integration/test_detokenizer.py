@@ -33,3 +33,12 @@ def test_stop_string_across_tokens_is_never_streamed(real_fp32):
         if stopped:
             break
     assert stopped and streamed == "some words then "
+
+
+def test_stop_strings_starting_at_the_same_place_end_at_the_first_listed(real_fp32):
+    """vLLM's rule: where several stop strings are found at one place, the first listed wins."""
+    tok = real_fp32.tokenizer
+    for stop, kept in ((["four", "fo"], "one two three four"), (["fo", "four"], "one two three fo")):
+        detok = IncrementalDetokenizer(tok, stop=stop, include_stop=True)
+        assert any(detok.push(token) for token in tok.encode("one two three four five"))
+        assert detok.text == kept

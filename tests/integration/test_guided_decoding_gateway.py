@@ -100,6 +100,9 @@ def test_stop_token_ids_end_the_answer_and_the_stop_text_may_be_kept(setup, clie
     assert (choice.message.content, choice.finish_reason) == ("ab", "stop")
     kept = _chat(client, 0, guided_regex="abcdef", stop=["cd"], include_stop_str_in_output=True)
     assert kept.message.content == "abcd"
+    # the stop token's text too, as vLLM keeps it
+    assert _chat(client, 0, guided_regex="abcdef", stop_token_ids=[stop_id],
+                 include_stop_str_in_output=True).message.content == "abc"
     assert _chat(client, 0, guided_regex="abcdef", stop=["cd"]).message.content == "ab"
 
 
@@ -149,6 +152,7 @@ def test_an_extension_no_embedded_engine_has_is_a_400_naming_it(setup, field, va
 @pytest.mark.parametrize("field,value", [("length_penalty", 1.0), ("use_beam_search", False),
                                          ("skip_special_tokens", True), ("add_generation_prompt", True),
                                          ("guided_decoding_backend", "xgrammar"), ("metadata", {"team": "a"}),
+                                         ("top_k", -1),                        # vLLM's "off"
                                          ("logit_bias", {}),
                                          ("structured_outputs", {"regex": "ab", "disable_any_whitespace": True})])
 def test_an_extension_at_its_neutral_value_is_accepted(setup, field, value):
@@ -300,3 +304,23 @@ def test_a_constraint_spelling_a_special_token_is_written_as_text(client, extra,
     for seed in range(2):
         choice = _chat(client, seed, **extra)
         assert choice.message.content in expected and choice.finish_reason == "stop", choice
+
+
+def test_a_seeded_prompt_answers_the_same_wherever_it_sits_in_a_list(client):
+    """Every prompt of a list gets the request's sampling, its seed included (as at vLLM)."""
+    def texts(prompts):
+        out = client.completions.create(model="bytes", prompt=prompts, max_tokens=12, temperature=1.0, seed=5)
+        return [c.text for c in sorted(out.choices, key=lambda c: c.index)]
+    alone = texts(["The weather"])[0]
+    assert texts(["Once upon", "The weather"])[1] == alone == texts(["The weather", "Once upon"])[0]
+
+
+def test_the_sampled_tokens_own_logprob_is_in_its_top_logprobs(client):
+    """Byte tokens of one multi-byte character each read as U+FFFD: the top_logprobs entry under
+    that text is the sampled token's own value, not another byte's."""
+    out = client.completions.create(model="bytes", prompt="x", max_tokens=8, temperature=0, logprobs=5,
+                                    extra_body={"guided_regex": "(é|ü|ñ){4}"})
+    lp = out.choices[0].logprobs
+    assert len(lp.tokens) == 8
+    for token, value, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
+        assert top[token] == value

@@ -74,3 +74,14 @@ def test_quantized_weights_with_int8_kv_answer(method):
         assert sum(isinstance(m, Int4Linear) for m in loaded.model.modules()) == 12    # the Q4_K down projections
     for answer, needle in zip(_answers(loaded, kv_cache_dtype="int8"), CHECKS.values()):
         assert needle in answer, answer
+
+
+def test_an_answer_ends_at_endoftext_as_at_im_end(qwen_fp32):
+    """The GGUF names <|im_end|> as EOS; Qwen2.5's instruct models also end at <|endoftext|> (their
+    generation_config lists both, llama.cpp ends at both). After a finished turn, the greedy next
+    token is <|endoftext|>, and the answer ends there instead of going on with a new text."""
+    tok = qwen_fp32.tokenizer
+    assert tok.eos_token_ids == {151643, 151645}
+    prompt = tok.encode("<|im_start|>user\nSay OK.<|im_end|>\n<|im_start|>assistant\nOK.<|im_end|>\n")
+    [out] = _engine(qwen_fp32).generate([prompt], SamplingParams(max_tokens=40, temperature=0))
+    assert out == [151643]

@@ -35,7 +35,7 @@ TRICKY = [
 ]
 
 # Per model: a text that is one control token, its id, and the eos ids.
-SPECIALS = {"default": ("<|im_end|>", 2, {2}), "qwen": ("<|im_end|>", 151645, {151645})}
+SPECIALS = {"default": ("<|im_end|>", 2, {0, 2}), "qwen": ("<|im_end|>", 151645, {151643, 151645})}
 
 
 @pytest.fixture(scope="module", params=["default", "qwen"])
@@ -46,7 +46,7 @@ def model_name(request):
 @functools.cache
 def _our_tokenizer(model_name: str) -> TextTokenizer:
     ckpt = open_hf_checkpoint(resolve_checkpoint_dir(model_name))
-    return TextTokenizer.from_file(ckpt.tokenizer_json, ckpt.tokenizer_config, ckpt.config.eos_token_id)
+    return TextTokenizer.from_file(ckpt.tokenizer_json, ckpt.tokenizer_config, ckpt.end_of_generation_ids)
 
 
 @pytest.fixture(scope="module")
