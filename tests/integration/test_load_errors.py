@@ -86,4 +86,4 @@ def test_gguf_cache_is_reused(tmp_path, default_gguf, monkeypatch):
     monkeypatch.setattr(gguf_cache, "read_gguf", fail)
     assert gguf_cache.materialize_gguf(local, tmp_path / "cache") == first
     assert sorted(p.name for p in first.iterdir()) == [
-        "config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"]
+        "config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"]
