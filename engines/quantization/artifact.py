@@ -55,7 +55,7 @@ def save_artifact(model: LlamaForCausalLM, source_dir: Path, out_dir: Path, meth
         tensors[name] = param.detach().contiguous()
     out_dir.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "tiergate-quantized"})
-    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+    for name in ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"):
         if (source_dir / name).is_file():
             shutil.copy(source_dir / name, out_dir / name)
     qconfig = {"format_version": FORMAT_VERSION, "method": method, "group_size": group_size,

@@ -200,6 +200,7 @@ def test_artifact_round_trip_gives_identical_logits(tmp_path, method):
     from tests.tiny_models import write_tiny_checkpoint
 
     write_tiny_checkpoint(tmp_path / "src", intermediate_size=128)
+    (tmp_path / "src" / "generation_config.json").write_text('{"eos_token_id": [3, 7]}')
     loaded = load_model(tmp_path / "src", "bfloat16")
     if method == "int4-awq":
         awq_quantize(loaded.model, [list(range(1, 50))], group_size=32, progress=False)
@@ -208,6 +209,7 @@ def test_artifact_round_trip_gives_identical_logits(tmp_path, method):
     save_artifact(loaded.model, loaded.path, tmp_path / "q", method, 32)
     reloaded = load_model(tmp_path / "q", "bfloat16")
     assert reloaded.quantization == f"{method}-g32"
+    assert {3, 7} <= reloaded.tokenizer.eos_token_ids == loaded.tokenizer.eos_token_ids    # where generation ends
     ids = torch.arange(2, 30)
 
     def logits(model):
