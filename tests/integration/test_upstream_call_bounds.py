@@ -26,6 +26,17 @@ PROMPT_ESTIMATE = prompt_bound(ChatCompletionRequest.model_validate({"model": "m
 DEADLINE_S = 2.0
 
 
+_STREAM_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+
+
+def _chunk(text: str) -> bytes:
+    """One SSE event of a streamed answer, as one HTTP chunk."""
+    event = b"data: " + json.dumps({"id": "x", "object": "chat.completion.chunk", "created": 0, "model": "up",
+                                    "choices": [{"index": 0, "delta": {"content": text},
+                                                 "finish_reason": None}]}).encode() + b"\n\n"
+    return b"%x\r\n%s\r\n" % (len(event), event)
+
+
 class ScriptedUpstream:
     """An OpenAI-compatible upstream whose answer the test picks per call: `mode` is one of
     "overreport" (an answer claiming 2**31 - 1 completion tokens), "slow_stream" (an event every
@@ -86,11 +97,7 @@ class ScriptedUpstream:
 
     async def _quiet_stream(self, reader, writer) -> None:
         """One event, then nothing for 60 s unless the gateway hangs up (counted in `abandoned`)."""
-        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
-        event = b"data: " + json.dumps({"id": "x", "object": "chat.completion.chunk", "created": 0, "model": "up",
-                                        "choices": [{"index": 0, "delta": {"content": "w"},
-                                                     "finish_reason": None}]}).encode() + b"\n\n"
-        writer.write(b"%x\r\n%s\r\n" % (len(event), event))
+        writer.write(_STREAM_HEAD + _chunk("w"))
         await writer.drain()
         try:
             if await asyncio.wait_for(reader.read(1), 60) == b"":
@@ -100,12 +107,9 @@ class ScriptedUpstream:
             pass
 
     async def _slow_stream(self, reader, writer) -> None:
-        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+        writer.write(_STREAM_HEAD)
         for i in range(300):
-            event = b"data: " + json.dumps({"id": "x", "object": "chat.completion.chunk", "created": 0,
-                                            "model": "up", "choices": [{"index": 0, "delta": {"content": f"w{i} "},
-                                                                        "finish_reason": None}]}).encode() + b"\n\n"
-            writer.write(b"%x\r\n%s\r\n" % (len(event), event))
+            writer.write(_chunk(f"w{i} "))
             await writer.drain()
             await asyncio.sleep(0.2)
         writer.write(b"0\r\n\r\n")
@@ -167,6 +171,23 @@ def _usage(gw):
     return asyncio.run_coroutine_threadsafe(budgets.usage("t:app"), gw.server_loop()).result(timeout=10)
 
 
+def _stream_events(gw) -> list[str]:
+    """The data of every event of a streamed chat answer."""
+    with httpx.stream("POST", f"{gw.base}/v1/chat/completions", timeout=90,
+                      headers={"authorization": f"Bearer {KEY}"},
+                      json={"model": "m", "messages": MSG, "max_tokens": MAX_TOKENS, "stream": True}) as resp:
+        assert resp.status_code == 200
+        return [line.removeprefix("data: ") for line in resp.iter_lines() if line.startswith("data: ")]
+
+
+def _hung_up(upstream: ScriptedUpstream, before: int, timeout_s: float = 25) -> bool:
+    """Whether the upstream saw the gateway hang up on a call (within `timeout_s`)."""
+    deadline = time.time() + timeout_s
+    while upstream.abandoned == before and time.time() < deadline:
+        time.sleep(0.02)
+    return upstream.abandoned > before
+
+
 def _wait_idle(gw, timeout_s: float = 60) -> None:
     deadline = time.time() + timeout_s
     while gw.runtime.limits.in_flight and time.time() < deadline:
@@ -192,11 +213,7 @@ def test_an_upstream_overreporting_usage_is_charged_its_reservation_at_most(gw, 
 def test_a_stream_ends_at_the_request_deadline(gw, upstream):
     upstream.mode = "slow_stream"
     started = time.monotonic()
-    with httpx.stream("POST", f"{gw.base}/v1/chat/completions", timeout=30,
-                      headers={"authorization": f"Bearer {KEY}"},
-                      json={"model": "m", "messages": MSG, "max_tokens": MAX_TOKENS, "stream": True}) as resp:
-        assert resp.status_code == 200
-        events = [line.removeprefix("data: ") for line in resp.iter_lines() if line.startswith("data: ")]
+    events = _stream_events(gw)
     took = time.monotonic() - started
     assert took < DEADLINE_S + 5                 # not the upstream's 60 s
     error = json.loads(events[-1])["error"]
@@ -214,18 +231,11 @@ def test_a_stream_whose_tier_went_quiet_ends_at_the_request_deadline(gw, upstrea
     upstream.mode = "quiet_stream"
     abandoned = upstream.abandoned
     started = time.monotonic()
-    with httpx.stream("POST", f"{gw.base}/v1/chat/completions", timeout=90,
-                      headers={"authorization": f"Bearer {KEY}"},
-                      json={"model": "m", "messages": MSG, "max_tokens": MAX_TOKENS, "stream": True}) as resp:
-        assert resp.status_code == 200
-        events = [line.removeprefix("data: ") for line in resp.iter_lines() if line.startswith("data: ")]
+    events = _stream_events(gw)
     assert time.monotonic() - started < 45              # not the upstream's 60 s of silence
     assert json.loads(events[-1])["error"]["code"] == "deadline_exceeded"
     _wait_idle(gw)
-    deadline = time.time() + 25
-    while upstream.abandoned == abandoned and time.time() < deadline:
-        time.sleep(0.02)
-    assert upstream.abandoned > abandoned               # the upstream call was closed
+    assert _hung_up(upstream, abandoned)                # the upstream call was closed
     upstream.mode = "overreport"
     assert _post(gw).status_code == 200
 
@@ -240,10 +250,7 @@ def test_a_stream_whose_client_left_before_its_first_chunk_is_hung_up(gw_patient
                           headers={"authorization": f"Bearer {KEY}"},
                           json={"model": "m", "messages": MSG, "max_tokens": MAX_TOKENS, "stream": True}) as resp:
             resp.read()
-    deadline = time.time() + 25                  # the upstream answers after 30 s; the deadline is 50 s
-    while upstream.abandoned == abandoned and time.time() < deadline:
-        time.sleep(0.02)
-    assert upstream.abandoned > abandoned        # the upstream saw the gateway hang up
+    assert _hung_up(upstream, abandoned)         # the upstream saw the gateway hang up (it answers after 30 s)
     _wait_idle(gw_patient)
     assert _usage(gw_patient).in_flight == 0
 
@@ -255,9 +262,6 @@ def test_a_non_streamed_call_whose_client_left_is_hung_up(gw_patient, upstream):
         httpx.post(f"{gw_patient.base}/v1/chat/completions", timeout=0.5,
                    headers={"authorization": f"Bearer {KEY}"},
                    json={"model": "m", "messages": MSG, "max_tokens": MAX_TOKENS})
-    deadline = time.time() + 25                  # the upstream answers after 30 s; the deadline is 50 s
-    while upstream.abandoned == abandoned and time.time() < deadline:
-        time.sleep(0.02)
-    assert upstream.abandoned > abandoned        # the upstream saw the gateway hang up
+    assert _hung_up(upstream, abandoned)         # the upstream saw the gateway hang up (it answers after 30 s)
     _wait_idle(gw_patient)
     assert _usage(gw_patient).in_flight == 0
