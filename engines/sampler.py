@@ -96,14 +96,14 @@ class Sampler:
         logits = self.adjust(logits, seqs)
         picked = [i for i, p in enumerate(params) if not p.greedy]
         if len(picked) == len(params):      # every row samples: no row index to build (or copy)
-            tokens = self.draw(self.probs(logits, params), [s.generator for s in seqs])
+            tokens = self.draw(self.probs(logits, params), [s.uniform_at() for s in seqs])
         else:
             # max's indices are argmax's (the first of equal maxima), at a third of its time on CPUs
             tokens = logits.max(dim=-1).indices
         if picked and len(picked) < len(params):
             rows = torch.tensor(picked, device=logits.device)
             probs = self.probs(logits[rows], [params[i] for i in picked])
-            tokens[rows] = self.draw(probs, [seqs[i].generator for i in picked])
+            tokens[rows] = self.draw(probs, [seqs[i].uniform_at() for i in picked])
         token_list = tokens.tolist()
         return SampleResult(token_list, self.logprobs(raw, token_list, params))
 
@@ -154,32 +154,33 @@ class Sampler:
             probs = probs.masked_fill(probs < floor, 0.0)
         return probs
 
-    def draw(self, weights: torch.Tensor, generators: list[torch.Generator | None]) -> torch.Tensor:
+    def draw(self, weights: torch.Tensor, uniforms: list[float | None]) -> torch.Tensor:
         """One token per row, drawn proportionally to `weights` (need not be normalized).
 
         Inverse CDF: one uniform per row, placed in the row's running sum (float64, so that the
         last of ~150k terms still counts), instead of one random number per vocabulary entry
-        (drawing those cost more than the model's step at batch 32 on a CPU). A per-request
-        generator draws its row's uniform, which makes seeded requests reproducible whatever
-        else is in the batch; seeded generators live on the CPU (engines/sequence.py), so a
-        seed gives the same draw on any device.
+        (drawing those cost more than the model's step at batch 32 on a CPU). A row's uniform is
+        the one given for it (a seeded request's, by output position: engines/position_draws.py,
+        which makes seeded requests reproducible whatever else is in the batch, on any device),
+        or, where None is given, drawn from the engine's shared generator.
         """
         n = weights.shape[0]
-        uniforms = torch.empty(n, dtype=torch.float64)
-        seeded = [i for i, g in enumerate(generators) if g is not None]
-        if len(seeded) < n:
-            uniforms.uniform_(generator=self.generator)
-        for i in seeded:
-            uniforms[i] = torch.rand(1, dtype=torch.float64, generator=generators[i])[0]
+        values = torch.empty(n, dtype=torch.float64)
+        given = [(i, u) for i, u in enumerate(uniforms) if u is not None]
+        if len(given) < n:
+            values.uniform_(generator=self.generator)
+        if given:
+            rows, fixed = zip(*given)
+            values[list(rows)] = torch.tensor(fixed, dtype=torch.float64)
         cdf = weights.to(torch.float64).cumsum(dim=-1)
-        target = (uniforms.to(weights.device) * cdf[:, -1]).unsqueeze(1)
+        target = (values.to(weights.device) * cdf[:, -1]).unsqueeze(1)
         # The first entry whose running sum passes the target; a zero-weight entry never does.
         index = torch.searchsorted(cdf, target, right=True).squeeze(1)
         return index.clamp_(max=weights.shape[1] - 1)
 
-    def uniform(self, n: int, generator: torch.Generator | None) -> torch.Tensor:
-        """n draws from U[0, 1) on the host (callers compare them with host values)."""
-        return torch.rand(n, generator=generator or self.generator)
+    def uniform(self, n: int) -> torch.Tensor:
+        """n draws from U[0, 1) on the host from the shared generator (callers compare them with host values)."""
+        return torch.rand(n, generator=self.generator)
 
     @staticmethod
     def logprobs(raw: torch.Tensor, tokens: list[int], params: list[SamplingParams]) -> list[TokenLogprob | None]:

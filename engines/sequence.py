@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from engines.position_draws import PositionDraws
 from engines.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -48,7 +49,8 @@ class Sequence:
     num_cached_prompt_tokens: int = 0    # prompt tokens served by the prefix cache (last admission)
     num_preemptions: int = 0
     finish_reason: str | None = None
-    generator: torch.Generator | None = None
+    # A seeded request's uniforms by output position (engines/position_draws.py); None: unseeded.
+    draws: PositionDraws | None = None
     # Block hashes of this sequence's full blocks, computed once and extended as it grows.
     block_hashes: list[bytes] = field(default_factory=list)
     num_registered_blocks: int = 0      # leading blocks already entered in the prefix cache
@@ -82,7 +84,7 @@ class Sequence:
 
     def __post_init__(self) -> None:
         if self.params.seed is not None:
-            self.generator = torch.Generator().manual_seed(self.params.seed)
+            self.draws = PositionDraws(self.params.seed)
         self.stop_ids = self.params.stop_token_set(self.eos_token_ids)
 
     @property
@@ -96,6 +98,15 @@ class Sequence:
     @property
     def num_uncomputed(self) -> int:
         return self.num_tokens - self.num_computed_tokens
+
+    def uniform_at(self, ahead: int = 0) -> float | None:
+        """The seeded uniform of the output position `ahead` tokens past the last one emitted;
+        None for an unseeded request (drawn from the engine's shared generator)."""
+        if self.draws is None:
+            return None
+        emitted = len(self.output_ids)
+        self.draws.release_before(emitted)
+        return self.draws.at(emitted + ahead)
 
     def prompt_hidden_position(self, back: int) -> int:
         """The prompt position `back` rows before its last token (the first, for a short prompt)."""

@@ -73,16 +73,13 @@ class Speculator:
 
     # ---- before the forward ----------------------------------------------------------
     def lookahead(self, seq: Sequence, num_running: int) -> int:
-        # A seeded sampled request's draws depend on k: its k follows its own acceptance only,
-        # not timings or the batch, so the seed gives the same tokens whatever runs beside it.
-        seeded = seq.generator is not None and not seq.params.greedy
-        if num_running > self.config.max_batch and not seeded:
+        if num_running > self.config.max_batch:
             return 0
         # The step emits up to k + 1 tokens: stay within max_tokens and the context.
         room = min(seq.params.max_tokens - len(seq.output_ids), self.max_model_len - seq.num_tokens) - 1
         if room <= 0:
             return 0
-        return min(self.k.choose(seq, self.config.verify_cost if seeded else self.step_cost()), room)
+        return min(self.k.choose(seq, self.step_cost()), room)
 
     def propose(self, scheduled: list[ScheduledSeq]) -> None:
         entries = [(s, s.num_lookahead) for s in scheduled if s.num_lookahead > 0]

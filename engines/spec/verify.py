@@ -5,7 +5,9 @@ position (the request's own adjustments, engines/logit_adjust.py, over the histo
 the earlier drafts; temperature, top-k/p, min-p): accept with probability
 min(1, p_j(x_j) / q_j(x_j)); at the first rejection draw from normalize(max(0, p_j - q_j)) and stop; when all k are accepted draw a bonus token
 from p_k. A point-mass proposal (n-gram) has q_j = one-hot(x_j). Greedy requests accept
-while the draft equals the target's argmax and then take the target's argmax.
+while the draft equals the target's argmax and then take the target's argmax. Seeded requests
+accept while the draft equals the target's own draw at that position (see _seeded), so that a
+seed names one text, with or without drafts.
 """
 
 from __future__ import annotations
@@ -80,14 +82,16 @@ def _greedy(best: list[int], drafts: list[int]) -> tuple[int, int]:
 
 
 def _sampled(p: torch.Tensor, g: SpecGroup, sampler: Sampler) -> tuple[int, int]:
-    k, gen = len(g.drafts), g.seq.generator
+    if g.seq.draws is not None:
+        return _seeded(p, g, sampler)
+    k = len(g.drafts)
     device = p.device
     drafts = torch.tensor(g.drafts, device=device)
     rows = torch.arange(k, device=device)
     p_x = p[rows, drafts]
     q_x = torch.ones(k, device=device) if g.q is None else g.q[rows, drafts]
     # The k acceptance probabilities come to the host (where the uniforms are drawn) in one copy.
-    accepted = sampler.uniform(k, gen) < accept_probability(p_x, q_x).cpu()     # u ~ U[0, 1)
+    accepted = sampler.uniform(k) < accept_probability(p_x, q_x).cpu()     # u ~ U[0, 1)
     m = k if bool(accepted.all()) else int((~accepted).nonzero()[0])
     if m == k:
         weights = p[k]
@@ -96,4 +100,15 @@ def _sampled(p: torch.Tensor, g: SpecGroup, sampler: Sampler) -> tuple[int, int]
         weights = residual(p[m], q_m)
         if not bool((weights > 0).any()):
             weights = p[m]   # p == q: a rejection had probability 0; guards rounding only
-    return m, int(sampler.draw(weights.unsqueeze(0), [gen])[0])
+    return m, int(sampler.draw(weights.unsqueeze(0), [None])[0])
+
+
+def _seeded(p: torch.Tensor, g: SpecGroup, sampler: Sampler) -> tuple[int, int]:
+    """The target samples every position itself, with that position's own uniform; a draft is
+    accepted while it equals the target's token. Each emitted token is then exactly the one
+    plain decoding draws at its position, whatever k was. For a point-mass draft this accepts
+    with probability p(x), as the rule above does; a model draft drawn with the same uniform
+    (engines/spec/model_draft.py) agrees with the target wherever their CDFs overlap."""
+    k = len(g.drafts)
+    own = sampler.draw(p, [g.seq.uniform_at(j) for j in range(k + 1)]).tolist()
+    return _greedy(own, g.drafts)

@@ -106,10 +106,7 @@ def engine_jobs(call: TierCall, prompts: list[list[int]], engine: LLMEngine, dra
     plan = tool_plan(body) if chat else None
     if plan is not None and plan.forced is not None:    # a forced call outranks a response format
         grammar = plan.grammar(engine.tokenizer)
-    # A seeded sampled request draws one number per draft: drafts from a prediction would give
-    # it other tokens than the same seed without one, so it gets none.
-    seeded_sampling = body.seed is not None and body.temperature != 0
-    predicted = extra.get("prediction") if chat and drafts_from_prediction and not seeded_sampling else None
+    predicted = extra.get("prediction") if chat and drafts_from_prediction else None
     # Only a hint: a prediction longer than the engine reads is cut, which changes no output.
     prediction = () if predicted is None else \
         tuple(engine.tokenizer.encode(prediction_text(predicted), add_special_tokens=False)[:MAX_PREDICTION_TOKENS])

@@ -219,11 +219,20 @@ def test_a_predicted_output_is_drafted_from_and_changes_no_token(setup, client):
         assert ask(prediction={"type": "content", "content": [{"type": "text", "text": "something else"}]}) == plain
 
 
-def test_a_seeded_sampled_answer_is_the_same_with_a_prediction(client):
+def test_a_seeded_sampled_answer_is_the_same_with_a_prediction_and_drafted_from_it(setup, client):
+    """A seed names one text: a right prediction is accepted draft by draft (the target draws each
+    position with the seed's own uniform), a wrong one changes nothing."""
+    letters = [setup[1].token_to_id(c) for c in "abcdefghij"]
+
     def ask(**extra):
-        return client.chat.completions.create(model="speculating", messages=ASKED, max_tokens=12, temperature=1.0,
-                                              seed=11, extra_body=extra).choices[0].message.content
+        return client.chat.completions.create(
+            model="speculating", messages=ASKED, max_tokens=12, temperature=1.0, seed=11,
+            extra_body={"ignore_eos": True, "allowed_token_ids": letters, **extra}).choices[0].message.content
     plain = ask()
+    assert len(set(plain)) > 3                  # sampled, not one letter over and over
+    before = _accepted_drafts(setup)
+    assert ask(prediction={"type": "content", "content": plain}) == plain
+    assert _accepted_drafts(setup) - before >= 6
     assert ask(prediction={"type": "content", "content": plain[:3] + "zzzz" + plain[3:]}) == plain
 
 

@@ -163,16 +163,26 @@ def test_aborts_and_rejections_leave_no_block_behind(real_fp32, int4_copy):
     _assert_no_leak(engine)
 
 
-def test_a_seed_gives_the_same_tokens_alone_and_in_a_batch_that_backs_off(real_fp32):
-    """k of a seeded request follows its own acceptance only: neither the batch (back-off
-    above max_batch) nor timings change how many random draws it consumes."""
-    spec = SpeculativeConfig(method="ngram", max_batch=2)
+@pytest.mark.parametrize("method", ["ngram", "draft"])
+def test_a_seed_gives_plain_decodings_tokens_however_far_it_speculates(real_fp32, int4_copy, method):
+    """A seeded sampled request's tokens are the ones plain decoding draws: alone, in a batch
+    that backs off (above max_batch), and with a KV pool so tight that the scheduler cuts its
+    drafts to keep seats for waiting requests. How many drafts a step verified changes nothing."""
     prompts = _prompts(real_fp32)
     seeded = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.9, top_p=0.95, seed=42)
-    alone = [_engine(real_fp32, spec).generate([p], seeded)[0] for p in prompts[7:10]]
-    engine = _engine(real_fp32, spec)
-    others = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.9)
-    batched = engine.generate(prompts[7:10] + prompts[:5], [seeded] * 3 + [others] * 5)
-    assert batched[:3] == alone and len(set(map(tuple, alone))) > 1
-    stats = engine.stats.spec["ngram"]
-    assert stats.backoff_steps > 0 and stats.verifications > 0
+    others = SamplingParams(max_tokens=6, temperature=0.9)       # done early: the rest speculate
+    mix = prompts[6:10] + prompts[:6]
+    plain = _engine(real_fp32).generate(prompts[6:10], seeded)
+    assert len(set(map(tuple, plain))) == 4
+    spec = _spec(method, int4_copy, max_batch=2)
+    alone = [_engine(real_fp32, spec).generate([p], seeded)[0] for p in prompts[6:10]]
+    backing_off = _engine(real_fp32, spec)
+    batched = backing_off.generate(mix, [seeded] * 4 + [others] * 6)[:4]
+    tight = _engine(real_fp32, _spec(method, int4_copy), kv_cache_memory_bytes=12 * 2**20, block_size=4)
+    squeezed = tight.generate(mix, [seeded] * 4 + [others] * 6)[:4]
+    assert alone == plain and batched == plain and squeezed == plain
+    assert backing_off.stats.spec[method].backoff_steps > 0
+    for engine in (backing_off, tight):
+        stats = engine.stats.spec[method]
+        assert stats.proposed_tokens > stats.accepted_tokens > 0
+        _assert_no_leak(engine)

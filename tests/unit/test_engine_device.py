@@ -160,7 +160,7 @@ def test_sampler_tensors_follow_the_logits(tiny_path):
     assert adjusted.device == META
     probs = sampler.probs(adjusted, params)
     assert probs.device == META
-    assert sampler.draw(probs, [s.generator for s in seqs]).device == META
+    assert sampler.draw(probs, [s.uniform_at() for s in seqs]).device == META
 
 
 def test_devices_by_name():

@@ -110,3 +110,53 @@ def test_logprobs_come_from_the_raw_rows_of_emitted_tokens():
     assert v.logprobs[0].logprob == pytest.approx(float(expected[0, 1]))
     assert v.logprobs[1].logprob == pytest.approx(float(expected[1, 2]))
     assert v.logprobs[1].top[0][0] == 2
+
+
+def _seeded_group(seed: int, drafts: list[int], q: torch.Tensor | None, emitted: int = 0) -> SpecGroup:
+    seq = Sequence(f"s{seed}", [0], SamplingParams(temperature=1.0, max_tokens=64, seed=seed))
+    seq.output_ids = [0] * emitted
+    return SpecGroup(seq, 0, drafts, q)
+
+
+def _plain_seeded(p: torch.Tensor, seed: int, emitted: int = 0) -> list[int]:
+    """What plain decoding draws at each position of p for this seed (one token per step)."""
+    seq = Sequence("plain", [0], SamplingParams(temperature=1.0, max_tokens=64, seed=seed))
+    seq.output_ids = [0] * emitted
+    tokens = []
+    for j in range(len(p)):
+        tokens.append(int(Sampler(seed=99).draw(p[j:j + 1], [seq.uniform_at()])[0]))
+        seq.output_ids.append(tokens[-1])
+    return tokens
+
+
+@pytest.mark.parametrize("emitted", [0, 70])
+def test_a_seeded_request_emits_plain_decodings_tokens_whatever_the_drafts(emitted):
+    """With a seed, each emitted token is the one plain decoding draws at that position, for any
+    number of drafts, drafts right or wrong, point mass or drawn from q: a seed names one text
+    whether or not a step speculated (and how far)."""
+    p, q = _distributions(0)
+    for seed in range(200):
+        plain = _plain_seeded(p, seed, emitted)
+        for k in range(K + 1):
+            for drafts, proposal in ((plain[:k], None), ([(t + 1) % V for t in plain[:k]], None),
+                                     (plain[:k], q[:k])):
+                (v,) = verify(p[:k + 1].log(), [_seeded_group(seed, drafts, proposal, emitted)], Sampler(seed=seed + 1))
+                assert v.tokens == plain[:len(v.tokens)] and len(v.tokens) == v.num_accepted + 1
+                assert v.num_accepted == (k if drafts == plain[:k] else 0)
+
+
+def test_seeded_verification_follows_the_target_across_seeds():
+    """Over many seeds, every position a seeded request emits follows p, for point-mass drafts
+    and for drafts drawn from q with the position's own uniform (as the draft model does)."""
+    p, _ = _distributions(3, scale=2.5)
+    noise = torch.randn(K, V, generator=torch.Generator().manual_seed(4))
+    q = torch.softmax(p[:K].log() + noise, dim=-1)          # a draft model near the target
+    for proposal in (None, q):
+        emitted = []
+        for seed in range(6000):
+            group = _seeded_group(seed, [], proposal)
+            group.drafts = [int(p[j].argmax()) for j in range(K)] if proposal is None else \
+                [int(Sampler().draw(q[j:j + 1], [group.seq.uniform_at(j)])[0]) for j in range(K)]
+            (v,) = verify(p.log(), [group], Sampler(seed=seed))
+            emitted.append(v.tokens)
+        assert min(_position_pvalues(emitted, p)) > 1e-3
