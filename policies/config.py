@@ -107,6 +107,10 @@ class ServerConfig(_Strict):
                                                                 "more gets 400")
     reload_settle_s: float = Field(1.0, ge=0, description="a changed config file is loaded once it has stayed the "
                                                           "same (size, mtime, content) this long")
+    shutdown_grace_s: float = Field(
+        30.0, gt=0, le=86400, description="on SIGTERM or SIGINT the server stops taking requests and lets those "
+                                          "running finish for this long; then it cuts them (their budgets "
+                                          "settled) and stops, whatever their own deadlines")
     log_requests: bool = Field(True, description="one log line per request with its routing decision")
     gil_switch_interval_ms: float = Field(
         1.0, gt=0, le=100, description="how long another thread (span exporter, engine step) may keep the "

@@ -140,5 +140,6 @@ def serve(config_path: str, host: str | None, port: int | None) -> int:
     calibration = calibration_source()
     holder = RuntimeHolder(build_runtime(cfg, calibration=calibration), config_path, calibration)
     app = build_app(holder, ConfigReloader(holder, config_path, host))
-    uvicorn.run(app, host=host, port=port, log_level="info", access_log=False)
+    uvicorn.run(app, host=host, port=port, log_level="info", access_log=False,
+                timeout_graceful_shutdown=cfg.server.shutdown_grace_s)
     return 0
