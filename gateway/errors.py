@@ -7,6 +7,15 @@ import json
 from starlette.responses import JSONResponse, Response
 
 
+def param_path(parts) -> str:
+    """A field's path as OpenAI writes it in `param`: names joined by dots, list indices in
+    brackets (messages[0].content)."""
+    out = ""
+    for part in parts:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
 def error_body(message: str, type_: str = "invalid_request_error", param: str | None = None,
                code: str | None = None) -> dict:
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}

@@ -22,7 +22,7 @@ from pydantic import (
     model_validator,
 )
 
-from gateway.errors import GatewayError
+from gateway.errors import GatewayError, param_path
 from gateway.schema_extensions import ChatExtensions, CompletionExtensions, check_extensions, unknown_names
 from gateway.schema_tools import MAX_TOOLS, Tool, ToolChoice, check_tool_choice, check_tools
 
@@ -351,7 +351,7 @@ def _to_error(exc: ValidationError) -> GatewayError:
         return GatewayError(400, f"request body is not valid JSON ({first['msg']})")
     if first["type"] in ("model_type", "model_attributes_type") and not first["loc"]:
         return GatewayError(400, "request body must be a JSON object")
-    param = ".".join(_path(first)) or None
+    param = param_path(_path(first)) or None
     msg = first["msg"].removeprefix("Value error, ")
     if first["type"] == "missing":
         msg = f"'{param}' is a required property"
@@ -375,8 +375,8 @@ def _telling_error(errors: list[dict]) -> dict:
     return first
 
 
-def _path(error: dict) -> list[str]:
-    return [str(p) for p in error["loc"] if not _is_union_tag(p)]
+def _path(error: dict) -> list[str | int]:
+    return [p for p in error["loc"] if not _is_union_tag(p)]
 
 
 def _is_union_tag(part) -> bool:

@@ -83,14 +83,14 @@ def template_messages(body: ChatCompletionRequest) -> list[dict[str, Any]]:
         calls = extra.get("tool_calls")
         if calls is not None:
             if m.role != "assistant":
-                raise GatewayError(400, "only assistant messages carry tool_calls", param=f"messages.{i}.tool_calls")
-            message["tool_calls"] = [_call(c, f"messages.{i}.tool_calls.{j}") for j, c in enumerate(calls)]
+                raise GatewayError(400, "only assistant messages carry tool_calls", param=f"messages[{i}].tool_calls")
+            message["tool_calls"] = [_call(c, f"messages[{i}].tool_calls[{j}]") for j, c in enumerate(calls)]
         call_id = extra.get("tool_call_id")
         if call_id is not None:
             # Optional, as /openapi.json documents the message: templates render results in order.
             if m.role != "tool" or not isinstance(call_id, str):
                 raise GatewayError(400, "tool_call_id belongs to tool messages, as a string",
-                                   param=f"messages.{i}.tool_call_id")
+                                   param=f"messages[{i}].tool_call_id")
             message["tool_call_id"] = call_id
         out.append(message)
     return out

@@ -71,11 +71,11 @@ def test_tools_no_tier_can_honour_get_a_400_naming_tools(client):
 
 
 @pytest.mark.parametrize("extra,param", [
-    ({"tools": [{"type": "function", "function": {"name": "no spaces"}}]}, "tools.0.function.name"),
-    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": ["x"]}}]}, "tools.0.function.parameters"),
+    ({"tools": [{"type": "function", "function": {"name": "no spaces"}}]}, "tools[0].function.name"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": ["x"]}}]}, "tools[0].function.parameters"),
     ({"tools": [{"type": "function", "function": {"name": f"f{i}"}} for i in range(129)]}, "tools"),
     ({"tools": [{"type": "function", "function": {"name": "f", "description": "x" * (1 << 20)}}]},
-     "tools.0.function.description"),
+     "tools[0].function.description"),
     ({"tool_choice": "required"}, "tool_choice"),                           # no tools to choose from
     ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "other"}}}, "tool_choice"),
     ({"tools": TOOLS, "parallel_tool_calls": "yes"}, "parallel_tool_calls"),

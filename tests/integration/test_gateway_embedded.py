@@ -158,7 +158,7 @@ def test_context_and_unsupported_errors(client):
                                                                            "tool_call_id": 42}],
                                        tools=[{"type": "function", "function": {"name": "f",
                                                                                 "parameters": {"type": "object"}}}])
-    assert info.value.body["param"] == "messages.1.tool_call_id"
+    assert info.value.body["param"] == "messages[1].tool_call_id"
 
 
 def test_client_leaving_mid_stream_frees_kv_blocks(gw):

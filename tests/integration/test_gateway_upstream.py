@@ -173,7 +173,7 @@ def test_unknown_or_forbidden_model_is_404(gw):
     (b'["a list"]', None),
     (b'{"model": "remote", "messages": [{"role": "user", "content": "x"}], "max_tokens": "5"}', "max_tokens"),
     (b'{"model": "remote", "messages": [{"role": "user", "content": "x"}], "temperature": 5}', "temperature"),
-    (b'{"model": "remote", "messages": [{"role": "robot", "content": "x"}]}', "messages.0.role"),
+    (b'{"model": "remote", "messages": [{"role": "robot", "content": "x"}]}', "messages[0].role"),
     (b'{"model": "remote", "messages": []}', "messages"),
     (b'{"messages": [{"role": "user", "content": "x"}]}', "model"),
     (b'{"model": "remote", "messages": [{"role": "user", "content": "x"}], "n": 0}', "n"),

@@ -96,7 +96,7 @@ def test_a_concrete_model_behind_an_alias_of_mixed_tokenizers(setup):
     ("/tokenize", {"model": "bytes", "prompt": "a", "temperature": "hot"}, 400, "temperature"),
     ("/tokenize", {"model": "bytes", "prompt": "a", "colour": 1}, 400, "colour"),
     ("/tokenize", {"model": "bytes", "prompt": "a", "return_token_strs": 1}, 400, "return_token_strs"),
-    ("/tokenize", {"model": "bytes", "messages": [{"role": "robot", "content": "a"}]}, 400, "messages.0.role"),
+    ("/tokenize", {"model": "bytes", "messages": [{"role": "robot", "content": "a"}]}, 400, "messages[0].role"),
     ("/tokenize", {"model": "bytes", "messages": CHAT, "chat_template_kwargs": {"messages": []}}, 400,
      "chat_template_kwargs"),
     ("/tokenize", {"model": "bytes", "messages": CHAT, "chat_template": "{{ messages }}"}, 400, "chat_template"),

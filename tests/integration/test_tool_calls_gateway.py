@@ -133,11 +133,11 @@ def test_usage_counts_the_constrained_tokens(client, seed):
 
 
 @pytest.mark.parametrize("messages,param", [
-    ([*ASK, {"role": "tool", "content": "x", "tool_call_id": 7}], "messages.1.tool_call_id"),
-    ([*ASK, {"role": "user", "content": "x", "tool_call_id": "c"}], "messages.1.tool_call_id"),
+    ([*ASK, {"role": "tool", "content": "x", "tool_call_id": 7}], "messages[1].tool_call_id"),
+    ([*ASK, {"role": "user", "content": "x", "tool_call_id": "c"}], "messages[1].tool_call_id"),
     ([*ASK, {"role": "assistant", "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f"}}]}],
-     "messages.1.tool_calls.0"),
-    ([*ASK, {"role": "user", "content": "x", "tool_calls": []}], "messages.1.tool_calls"),
+     "messages[1].tool_calls[0]"),
+    ([*ASK, {"role": "user", "content": "x", "tool_calls": []}], "messages[1].tool_calls"),
 ])
 def test_malformed_tool_turns_are_400s(gw, messages, param):
     resp = httpx.post(f"{gw.base}/v1/chat/completions", json={"model": "bytes", "messages": messages, "tools": TOOLS,

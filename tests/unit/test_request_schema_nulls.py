@@ -57,12 +57,12 @@ def test_a_non_text_content_part_says_the_models_read_text_only(kind):
     raw = _chat(messages=[{"role": "user", "content": [{"type": "text", "text": "what is this?"},
                                                        {"type": kind, kind: {"url": "https://example.com/x"}}]}])
     error = _error(ChatCompletionRequest, raw)
-    assert error.param == "messages.0.content" and f"'{kind}'" in error.message and "text only" in error.message
+    assert error.param == "messages[0].content" and f"'{kind}'" in error.message and "text only" in error.message
 
 
 @pytest.mark.parametrize("fields, param, words", [
-    ({"messages": [{"role": "user", "content": [{"type": "text"}]}]}, "messages.0.content.0.text", "required"),
-    ({"stop": ["a", 3]}, "stop.1", "valid string"),
+    ({"messages": [{"role": "user", "content": [{"type": "text"}]}]}, "messages[0].content[0].text", "required"),
+    ({"stop": ["a", 3]}, "stop[1]", "valid string"),
     ({"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": {"type": "function"}},
      "tool_choice.function", "required"),
     ({"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "sometimes"},
