@@ -13,7 +13,10 @@ named a technology and rarely showed syntax.
 
 The work is bounded whatever the prompt's size: only its first and last WINDOW_CHARS characters
 are looked at (code pasted into a long prompt sits at one end or the other far more often than
-only in the middle), and every pattern is linear in what it reads.
+only in the middle), and every pattern is linear in what it reads: no two quantified parts that
+follow each other can match the same characters (possessive quantifiers, `*+` and `++`, give up
+nothing they took), so a prompt of spaces, tabs or letters after a keyword cannot make one
+backtrack through every way of splitting the run.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ WINDOW_CHARS = 8 * 1024      # looked at from each end of the prompt
 FIRE_AT = 2                  # points of evidence that make a prompt "code"
 _STRONG, _WEAK = 2, 1
 
-_FENCE = re.compile(r"^\s*(```|~~~)", re.MULTILINE)
+_FENCE = re.compile(r"^[ \t]*+(```|~~~)", re.MULTILINE)
 
 # Every byte that is not an ASCII letter, digit, '#' or '+' separates words; letters are lowered.
 # One bytes.translate + split gives the prompt's words as a set (C loops only), which every test
@@ -36,23 +39,25 @@ _WORD_BYTES = bytes(
 # (label, words or substrings that must occur, pattern): syntax that prose does not produce.
 # Anchored to a line start where the keyword alone is an English word ("import", "class").
 _SYNTAX: tuple[tuple[str, tuple[str, ...], re.Pattern[str]], ...] = (
-    ("def", ("def",), re.compile(r"^[ \t]*(?:async[ \t]+)?def[ \t]+\w+[ \t]*\(", re.MULTILINE)),
+    ("def", ("def",), re.compile(r"^[ \t]*+(?:async[ \t]++)?def[ \t]++\w++[ \t]*+\(", re.MULTILINE)),
     ("import", ("import",), re.compile(
-        r"^[ \t]*(?:import[ \t]+[\w.]+(?:[ \t]+as[ \t]+\w+)?[ \t]*;?[ \t]*$"
-        r"|from[ \t]+[\w.]+[ \t]+import[ \t]+\w|import[ \t]+\{?[\w, ]+\}?[ \t]+from[ \t]+['\"])", re.MULTILINE)),
-    ("#include", ("#include", "include"), re.compile(r"^[ \t]*#[ \t]*include[ \t]*[<\"]", re.MULTILINE)),
-    ("function", ("function",), re.compile(r"\bfunction\b[ \t]*\w*[ \t]*\([^()\n]{0,200}\)[ \t]*\{")),
+        r"^[ \t]*+(?:import[ \t]++[\w.]++(?:[ \t]++as[ \t]++\w++)?[ \t]*+;?[ \t]*+$"
+        r"|from[ \t]++[\w.]++[ \t]++import[ \t]++\w"
+        r"|import[ \t]++(?:\{[^}\n]*+\}|\w++)(?:[ \t]*+,[ \t]*+(?:\{[^}\n]*+\}|\w++))*+[ \t]++from[ \t]++['\"])",
+        re.MULTILINE)),
+    ("#include", ("#include", "include"), re.compile(r"^[ \t]*+#[ \t]*+include[ \t]*+[<\"]", re.MULTILINE)),
+    ("function", ("function",), re.compile(r"\bfunction\b[ \t]*+\w*+[ \t]*+\([^()\n]{0,200}\)[ \t]*+\{")),
     # Upper-case SQL, or `select * from` in any case ("select one from the list" is English).
-    ("SELECT…FROM", ("select",), re.compile(r"\bSELECT\b[^\n;]{1,200}?\bFROM\b|(?i:\bselect[ \t]+\*[ \t]+from\b)")),
-    ("=>", ("=>",), re.compile(r"[\w)\]][ \t]*=>[ \t]*[\w({\[\"']")),
+    ("SELECT…FROM", ("select",), re.compile(r"\bSELECT\b[^\n;]{1,200}?\bFROM\b|(?i:\bselect[ \t]++\*[ \t]++from\b)")),
+    ("=>", ("=>",), re.compile(r"[\w)\]][ \t]*+=>[ \t]*+[\w({\[\"']")),
     ("class", ("class",), re.compile(
-        r"^[ \t]*(?:export[ \t]+)?(?:public[ \t]+)?class[ \t]+\w+[\w \t,.()<>]*[:{][ \t]*$", re.MULTILINE)),
+        r"^[ \t]*+(?:export[ \t]++)?(?:public[ \t]++)?class[ \t]++\w++[\w \t,.()<>]*+[:{][ \t]*+$", re.MULTILINE)),
     ("declaration", ("const", "let", "var"),
-     re.compile(r"^[ \t]*(?:const|let|var)[ \t]+\w+[ \t]*=[^=]", re.MULTILINE)),
-    ("fn", ("fn",), re.compile(r"^[ \t]*(?:pub[ \t]+)?fn[ \t]+\w+[ \t]*[(<]", re.MULTILINE)),
+     re.compile(r"^[ \t]*+(?:const|let|var)[ \t]++\w++[ \t]*+=[^=]", re.MULTILINE)),
+    ("fn", ("fn",), re.compile(r"^[ \t]*+(?:pub[ \t]++)?fn[ \t]++\w++[ \t]*+[(<]", re.MULTILINE)),
     ("traceback", ("traceback", "\tat ", "    at "),
-     re.compile(r"Traceback \(most recent call last\)|^[ \t]+at [\w$.<>]+\([^()\n]*:\d+", re.MULTILINE)),
-    ("call;", (");",), re.compile(r"\w\([^()\n]{0,200}\)[ \t]*;[ \t]*$", re.MULTILINE)),
+     re.compile(r"Traceback \(most recent call last\)|^[ \t]++at [\w$.<>]++\([^()\n]*?:\d", re.MULTILINE)),
+    ("call;", (");",), re.compile(r"\w\([^()\n]{0,200}\)[ \t]*+;[ \t]*+$", re.MULTILINE)),
 )
 
 # Words of a coding assistant's domain: each is weak on its own (a python is also a snake).
@@ -82,7 +87,7 @@ ios cloud aws azure
 _REQUEST_VERBS = frozenset(w.encode() for w in "write create build implement generate fix convert develop".split())
 _SINGLE_WORDS = frozenset(w.encode() for w in _DOMAIN_WORDS if " " not in w) - _TECH_WORDS
 _PHRASES = tuple((w, tuple(part.encode() for part in w.split()),
-                  re.compile(r"(?<![\w#+])" + r"\s+".join(map(re.escape, w.split())) + r"(?![\w#+])", re.IGNORECASE))
+                  re.compile(r"(?<![\w#+])" + r"\s++".join(map(re.escape, w.split())) + r"(?![\w#+])", re.IGNORECASE))
                  for w in _DOMAIN_WORDS if " " in w)
 
 _PUNCT_MIN = 6            # braces and semicolons: at least this many ...

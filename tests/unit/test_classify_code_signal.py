@@ -3,6 +3,10 @@ fires alone; strong syntax does; the work is bounded by the window whatever the 
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
+
 import pytest
 
 from policies.request_signals import WINDOW_CHARS, code_signal, prompt_window
@@ -13,6 +17,12 @@ from policies.request_signals import WINDOW_CHARS, code_signal, prompt_window
     ("def area(r):\n    return 3.14 * r * r", "syntax def"),
     ("import numpy as np\nx = np.zeros(3)", "syntax import"),
     ("from collections import Counter", "syntax import"),
+    ("import React, { useState } from 'react'", "syntax import"),
+    ("import {a, b} from \"./lib\"", "syntax import"),
+    ("class Point(Base):\n    pass", "syntax class"),
+    ("export class Store<T> {", "syntax class"),
+    ("  pub fn parse<'a>(s: &'a str)", "syntax fn"),
+    ("    at com.acme.App.main(App.java:12)", "syntax traceback"),
     ("#include <stdio.h>\nint main(void) { return 0; }", "syntax #include"),
     ("function add(a, b) {\n  return a + b\n}", "syntax function"),
     ("SELECT name, age FROM users WHERE age > 30", "syntax SELECT…FROM"),
@@ -61,3 +71,28 @@ def test_prompt_window_keeps_both_ends_without_joining_everything():
     assert window.startswith("a" * 10 + "\n" + "b") and window.endswith("b\n" + "c" * 10)
     assert len(window) <= 2 * WINDOW_CHARS + 1
     assert prompt_window(["x", "y"]) == "x\ny"
+
+
+# Runs of what two neighbouring parts of a pattern could both match, after the keyword that lets
+# the pattern run: with backtracking, one such prompt of 16 KB took minutes on the event loop.
+ADVERSARIAL = {
+    "import_spaces": "'import ' + ' ' * 16000", "import_tabs": "'import ' + '\\t' * 16000",
+    "import_items": "'import a' + ', a' * 5000", "class_letters": "'class ' + 'a' * 16000",
+    "class_spaces": "'class x' + ' ' * 16000", "fence_newlines": "'\\n' * 16000 + '```'",
+    "function_spaces": "'function' + ' ' * 16000 + 'f'", "at_colons": "'    at x(' + ':' * 16000",
+    "phrase_spaces": "'regular' + ' ' * 16000 + 'x expression'", "fn_spaces": "'pub fn ' + ' ' * 16000",
+}
+
+
+def test_no_prompt_makes_the_detector_backtrack_through_a_run():
+    """All the shapes together finish in seconds (each is a fraction of a millisecond; before the
+    patterns were made possessive the first alone ran for minutes). In a child process, so that
+    a regression fails at the timeout instead of hanging the suite."""
+    script = textwrap.dedent(f"""
+        from policies.request_signals import code_signal
+        for text in [{", ".join(ADVERSARIAL.values())}]:
+            code_signal(text)
+        print("done")
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "done", done.stderr
