@@ -17,6 +17,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pydantic_core
+
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 
 _PREAMBLE = ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
@@ -37,8 +39,9 @@ def call_text(call: dict[str, Any]) -> str:
     arguments = function.get("arguments", {})
     if isinstance(arguments, str):
         try:
-            arguments = json.loads(arguments)
-        except (ValueError, RecursionError):     # RecursionError: nested deeper than the parser goes
+            # Refuses lone surrogate escapes (text no tokenizer encodes) and bounds the nesting.
+            arguments = pydantic_core.from_json(arguments)
+        except ValueError:
             pass     # kept as the string it is
     body = json.dumps({"name": function.get("name"), "arguments": arguments}, ensure_ascii=False)
     return f"{OPEN}\n{body}\n{CLOSE}"

@@ -12,8 +12,9 @@ tiers never come here: they forward the fields as sent.
 
 from __future__ import annotations
 
-import json
 from typing import Any
+
+import pydantic_core
 
 from engines.grammar import GrammarSpec
 from gateway.errors import GatewayError
@@ -86,11 +87,11 @@ def _schema(value: Any, param: str) -> dict[str, Any]:
     if isinstance(value, str):
         _check_size(len(value), param)
         try:
-            value = json.loads(value)
-        except json.JSONDecodeError as exc:
-            raise GatewayError(400, f"{param} is not valid JSON ({exc.msg})", param=param) from None
-        except RecursionError:
-            raise GatewayError(400, f"{param} is nested too deeply", param=param) from None
+            # pydantic's parser: it bounds the nesting and refuses lone surrogate escapes, which
+            # json.loads lets through to fail later as text nothing can encode.
+            value = pydantic_core.from_json(value)
+        except ValueError as exc:
+            raise GatewayError(400, f"{param} is not valid JSON ({exc})", param=param) from None
     try:
         check_schema(value, param)
     except ValueError as exc:

@@ -21,6 +21,8 @@ import re
 import uuid
 from dataclasses import dataclass, field
 
+import pydantic_core
+
 from engines.tool_prompt import CLOSE, OPEN
 
 _NAME = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:\s*')
@@ -238,7 +240,7 @@ class ToolCallParser:
             if match is None:
                 return
             try:
-                name = json.loads(f'"{match.group(1)}"')
+                name = pydantic_core.from_json(f'"{match.group(1)}"')     # refuses lone surrogates
             except ValueError:
                 return
             if self._bare and name not in self.names:
@@ -295,8 +297,8 @@ def _whole_call(body: str, bare: bool) -> ToolCall | None:
     an object of exactly a name and arguments is a call: other JSON that happens to have a `name`
     is the answer."""
     try:
-        value = json.loads(body)
-    except (ValueError, RecursionError):     # RecursionError: nested deeper than the parser goes
+        value = pydantic_core.from_json(body)        # bounded nesting; no lone surrogates
+    except ValueError:
         return None
     if not isinstance(value, dict) or not isinstance(value.get("name"), str):
         return None

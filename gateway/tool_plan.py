@@ -19,6 +19,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+import pydantic_core
+
 from engines.grammar import GrammarSpec
 from engines.grammar.spec import JSON_OPTIONS
 from engines.tokenizer import TextTokenizer
@@ -102,8 +104,10 @@ def _call(call: Any, where: str) -> dict[str, Any]:
             not isinstance(function.get("arguments"), str):
         raise GatewayError(400, "a tool call needs function.name and function.arguments (a JSON string)", param=where)
     try:
-        arguments = json.loads(function["arguments"] or "{}")
-    except (ValueError, RecursionError):     # RecursionError: nested deeper than the parser goes
+        # pydantic's parser, not json.loads: it refuses lone surrogate escapes ("\\ud800"), which
+        # no tokenizer can encode, and nesting past its bounded depth.
+        arguments = pydantic_core.from_json(function["arguments"] or "{}")
+    except ValueError:
         arguments = function["arguments"]       # shown to the model as the text it was
     return {"id": call.get("id"), "type": "function", "function": {"name": function["name"], "arguments": arguments}}
 

@@ -127,6 +127,9 @@ def _post(setup, body):
     ({"structured_outputs": {"grammar": 'start: "a"' + " " * MAX_CONSTRAINT_CHARS}}, "structured_outputs.grammar"),
     ({"guided_choice": ["a" * 40_000, "b" * 40_000]}, "guided_choice"),
     ({"guided_json": "[" * 5000 + "]" * 5000}, "guided_json"),          # deeper than the JSON parser goes
+    # A lone surrogate escape inside the schema's JSON text: no tokenizer can encode what it spells.
+    ({"guided_json": '{"type": "string", "const": "\\ud800"}'}, "guided_json"),
+    ({"structured_outputs": {"json": '{"enum": ["\\udfff"]}'}}, "structured_outputs.json"),
     # The gateway sets llguidance's options: a schema's own cannot make an unsupported keyword pass.
     ({"guided_json": {"type": "object", "not": {"type": "null"}, "x-guidance": {"lenient": True}}}, "guided_json"),
 ])

@@ -143,3 +143,26 @@ def test_malformed_tool_turns_are_400s(gw, messages, param):
     resp = httpx.post(f"{gw.base}/v1/chat/completions", json={"model": "bytes", "messages": messages, "tools": TOOLS,
                                                               "max_tokens": 4}, timeout=30)
     assert resp.status_code == 400 and resp.json()["error"]["param"] == param, resp.text
+
+
+# Arguments are a JSON string inside the body: a lone surrogate escape in them ("\ud800" as six
+# characters) passes the body's parser, and json.loads would turn it into text no tokenizer can
+# encode (a 500). They are shown to the model as the text they are instead.
+LONE_SURROGATE_CALL = [*ASK, {"role": "assistant", "content": None, "tool_calls": [
+    {"id": "c1", "type": "function", "function": {"name": "get_time", "arguments": '{"zone": "\\ud800"}'}}]},
+    {"role": "tool", "content": "12:00", "tool_call_id": "c1"}]
+
+
+@pytest.mark.parametrize("path,extra", [("/v1/chat/completions", {"max_tokens": 2}),
+                                        ("/v1/chat/completions", {"max_tokens": 2, "stream": True}),
+                                        ("/tokenize", {})])
+def test_a_lone_surrogate_escape_in_tool_call_arguments_is_text(gw, path, extra):
+    resp = httpx.post(f"{gw.base}{path}", json={"model": "bytes", "messages": LONE_SURROGATE_CALL, "tools": TOOLS,
+                                                **extra}, timeout=60)
+    assert resp.status_code == 200, resp.text
+    if path == "/tokenize":
+        ids = resp.json()["tokens"]
+        plain = httpx.post(f"{gw.base}/tokenize", json={"model": "bytes", "tools": TOOLS, "messages": [
+            *ASK, {**LONE_SURROGATE_CALL[1], "tool_calls": [{**LONE_SURROGATE_CALL[1]["tool_calls"][0], "function": {
+                "name": "get_time", "arguments": '{"zone": "UTC"}'}}]}, LONE_SURROGATE_CALL[2]]}, timeout=60)
+        assert len(ids) > len(plain.json()["tokens"])     # the escape's six characters, as text

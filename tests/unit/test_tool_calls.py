@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import random
 
+import pytest
+
 from engines.chat_template import CHATML_TEMPLATE, ChatTemplate
 from gateway.tool_calls import Arguments, CallStart, Content, ToolCallParser, parse_whole
 
@@ -167,3 +169,17 @@ def test_a_call_nested_past_the_json_parser_depth_is_content_not_a_crash():
     text = f'<tool_call>\n{{"arguments": {deep}, "name": "f"}}\n</tool_call>'
     content, calls = parse_whole(text)
     assert calls == [] and content == text
+
+
+@pytest.mark.parametrize("text", [
+    '<tool_call>\n{"name": "\\ud800", "arguments": {}}\n</tool_call>',
+    '<tool_call>\n{"arguments": {"a": "\\udfff"}, "name": "f"}\n</tool_call>',
+    '<tool_call>\n{"name": "f", "arguments": {"a": "\\ud800"}}\n</tool_call>',
+])
+def test_a_lone_surrogate_escape_in_model_output_never_becomes_unencodable_text(text):
+    """A model can write the six characters \\ud800: they stay those characters (in arguments'
+    text or in the content), never a lone surrogate that the answer could not be encoded with."""
+    for parallel in (True, False):
+        content, calls = parse_whole(text, parallel, frozenset({"f"}))
+        for value in [content or "", *(c.name for c in calls), *(c.arguments for c in calls)]:
+            value.encode("utf-8")
