@@ -107,6 +107,25 @@ def closed_objects(schema: Any) -> Any:
     return _close(schema, True, _extended_refs(schema))
 
 
+def rebased_refs(schema: Any, pointer: str) -> Any:
+    """A copy of `schema` to be placed at JSON pointer `pointer` of a larger document: every
+    local `$ref` ("#", "#/$defs/Loc", "#/properties/a") points into the copy again, so a tool's
+    parameters keep their own definitions and recursion when nested under a call's schema."""
+    if isinstance(schema, list):
+        return [rebased_refs(s, pointer) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {}
+    for key, value in schema.items():
+        if key == "$ref" and isinstance(value, str) and value.startswith("#"):
+            out[key] = "#" + pointer + value[1:]
+        elif key in _VALUES:
+            out[key] = value
+        else:
+            out[key] = rebased_refs(value, pointer)
+    return out
+
+
 def _close(schema: Any, closable: bool, extended: set[str]) -> Any:
     if isinstance(schema, list):
         return [_close(s, True, extended) for s in schema]

@@ -26,7 +26,7 @@ from engines.grammar.spec import JSON_OPTIONS
 from engines.tokenizer import TextTokenizer
 from engines.tool_prompt import CLOSE, OPEN
 from gateway.errors import GatewayError
-from gateway.response_format import closed_objects
+from gateway.response_format import closed_objects, rebased_refs
 from gateway.schema import ChatCompletionRequest
 from gateway.schema_tools import NamedToolChoice
 
@@ -47,11 +47,16 @@ class ToolPlan:
         if self.forced is None:
             return None
         functions = [t["function"] for t in self.tools if self.forced in ("*", t["function"]["name"])]
+        # Each function's parameters live under the root's $defs, their own references rebased
+        # there: a `$ref` to "#/$defs/..." (pydantic's schemas) or to "#" means the parameters'
+        # root, not the call's.
+        defs = {f"tool{i}": rebased_refs(closed_objects(f.get("parameters") or _NO_ARGUMENTS), f"/$defs/tool{i}")
+                for i, f in enumerate(functions)}
         options = [{"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
-                    "properties": {"name": {"const": f["name"]},
-                                   "arguments": closed_objects(f.get("parameters") or _NO_ARGUMENTS)}}
-                   for f in functions]
+                    "properties": {"name": {"const": f["name"]}, "arguments": {"$ref": f"#/$defs/tool{i}"}}}
+                   for i, f in enumerate(functions)]
         schema = dict(options[0]) if len(options) == 1 else {"anyOf": options}
+        schema["$defs"] = defs
         schema["x-guidance"] = JSON_OPTIONS        # the separators response_format uses, no stray whitespace
         # Qwen writes "\n" after a call's closing tag whether or not another call follows, so
         # the grammar allows it after the last call too: the model, not the grammar, decides

@@ -64,3 +64,32 @@ def test_a_call_must_come_first_and_be_whole(compiler, tok):
     assert _run(compiler, tok, plan, "Sure! " + CALL) is None
     assert not _run(compiler, tok, plan, CALL[:-3]).is_accepting
     assert _run(compiler, tok, plan, CALL.replace("get_weather", "get_time")) is None
+
+
+# Parameters as pydantic writes them: definitions under their own $defs, referenced from the
+# parameters' root; and a recursive one referring to its own root with "#".
+LOCATED = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "$defs": {"Loc": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}},
+    "type": "object", "properties": {"loc": {"$ref": "#/$defs/Loc"}}, "required": ["loc"]}}}
+TREE = {"type": "function", "function": {"name": "tree", "parameters": {
+    "type": "object", "properties": {"kids": {"type": "array", "items": {"$ref": "#"}}}, "required": ["kids"]}}}
+SAME_NAME = {"type": "function", "function": {"name": "get_time", "parameters": {
+    "$defs": {"Loc": {"type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}}, "required": ["zone"]}},
+    "type": "object", "properties": {"loc": {"$ref": "#/$defs/Loc"}}, "required": ["loc"]}}}
+
+
+def _call(name: str, arguments: str) -> str:
+    return f'<tool_call>\n{{"name": "{name}", "arguments": {arguments}}}\n</tool_call>'
+
+
+@pytest.mark.parametrize("forced", ["*", "get_weather"])
+def test_parameters_keep_their_own_definitions_and_recursion(compiler, tok, forced):
+    plan = ToolPlan([LOCATED, TREE, SAME_NAME], forced, True)
+    weather = _call("get_weather", '{"loc": {"city": "Paris"}}')
+    assert _run(compiler, tok, plan, weather).is_accepting
+    assert _run(compiler, tok, plan, _call("get_weather", '{"loc": {"zone": "UTC"}}')) is None   # not its Loc
+    if forced == "*":        # two functions defining a Loc of their own, each its own
+        assert _run(compiler, tok, plan, _call("get_time", '{"loc": {"zone": "UTC"}}')).is_accepting
+        assert _run(compiler, tok, plan, _call("get_time", '{"loc": {"city": "Paris"}}')) is None
+        assert _run(compiler, tok, plan, _call("tree", '{"kids": [{"kids": []}, {"kids": [{"kids": []}]}]}')).is_accepting
+        assert _run(compiler, tok, plan, _call("tree", '{"kids": [{"leaf": 1}]}')) is None
