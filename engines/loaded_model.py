@@ -135,6 +135,7 @@ def load_model(
     target = resolve_device(device)
     ckpt = open_hf_checkpoint(resolve_checkpoint_dir(source, cache_root))
     tokenizer = TextTokenizer.from_file(ckpt.tokenizer_json, ckpt.tokenizer_config, ckpt.end_of_generation_ids)
+    tokenizer.plain_encoder()      # built with the model, not on the first chat that needs it
     template = ChatTemplate(ckpt.tokenizer_config.get("chat_template"), tokenizer.bos_token, tokenizer.eos_token)
     model = LlamaForCausalLM(ckpt.config, torch_dtype)
     quantization = None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -31,9 +33,15 @@ class TextTokenizer:
         elif isinstance(eos_token_id, list):
             eos_ids.update(eos_token_id)
         self.eos_token_ids: frozenset[int] = frozenset(eos_ids)
-        self.special_ids: frozenset[int] = frozenset(
-            i for i, tok in backend.get_added_tokens_decoder().items() if tok.special
-        )
+        added = backend.get_added_tokens_decoder()
+        self.special_ids: frozenset[int] = frozenset(i for i, tok in added.items() if tok.special)
+        # The special tokens' spellings, longest first (where one spelling starts another, the
+        # longer is the token), found in text to keep them text (engines/chat_encoding.py).
+        spellings = sorted({tok.content for tok in added.values() if tok.special and tok.content}, key=len, reverse=True)
+        self.special_spelling: re.Pattern[str] | None = \
+            re.compile("|".join(map(re.escape, spellings))) if spellings else None
+        self._plain: Tokenizer | None = None
+        self._plain_lock = threading.Lock()
 
     @classmethod
     def from_file(cls, path: Path, tokenizer_config: dict[str, Any], eos_token_id=None) -> "TextTokenizer":
@@ -57,9 +65,32 @@ class TextTokenizer:
             ids = self.backend.encode_batch([text], add_special_tokens=False)[0].ids
         else:
             ids = self.backend.encode(text, add_special_tokens=False).ids
-        if add_special_tokens and self.add_bos and (not ids or ids[0] != self.bos_token_id):
-            ids = [self.bos_token_id, *ids]
+        return self.with_bos(ids) if add_special_tokens else ids
+
+    def encode_as_text(self, text: str) -> list[int]:
+        """Token ids of `text` with special-token spellings in it read as plain text ("<|im_end|>"
+        as the characters '<', '|', ...), never as the special tokens."""
+        plain = self.plain_encoder()
+        if len(text) >= _RELEASE_GIL_FROM:
+            return plain.encode_batch([text], add_special_tokens=False)[0].ids
+        return plain.encode(text, add_special_tokens=False).ids
+
+    def with_bos(self, ids: list[int]) -> list[int]:
+        """`ids` opened with the BOS token, where the tokenizer adds one and they do not start with it."""
+        if self.add_bos and (not ids or ids[0] != self.bos_token_id):
+            return [self.bos_token_id, *ids]
         return ids
+
+    def plain_encoder(self) -> Tokenizer:
+        """A copy of the tokenizer that reads special-token spellings as text. Built once (0.4 s
+        for a 150k vocabulary): model loads build it off the serving path."""
+        if self._plain is None:
+            with self._plain_lock:
+                if self._plain is None:
+                    plain = Tokenizer.from_str(self.backend.to_str())
+                    plain.encode_special_tokens = True
+                    self._plain = plain
+        return self._plain
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         if len(ids) >= _RELEASE_GIL_FROM:

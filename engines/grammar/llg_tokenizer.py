@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import llguidance
 from llguidance import TokenizerWrapper
-from tokenizers import Tokenizer
 
 from engines.tokenizer import TextTokenizer
 
@@ -39,13 +38,12 @@ class _Vocabulary:
         self.special_token_ids = sorted(i for i, token in added.items() if token.special and i < vocab_size)
         eos = sorted(tokenizer.eos_token_ids)
         self.eos_token_id = eos[0] if eos else None
-        self._encoder = Tokenizer.from_str(backend.to_str())
-        self._encoder.encode_special_tokens = True
+        self._encode = tokenizer.encode_as_text
 
     def __call__(self, text: str) -> list[int]:
         if not isinstance(text, str):
             raise TypeError("text only")       # TokenizerWrapper then hands text, never bytes
-        return self._encoder.encode(text, add_special_tokens=False).ids
+        return self._encode(text)
 
 
 def build_llg_tokenizer(tokenizer: TextTokenizer, vocab_size: int) -> llguidance.LLTokenizer:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from engines.chat_encoding import encode_chat
 from engines.chat_template import RESERVED_VARIABLES, ChatTemplateError
 from engines.loaded_model import LoadedModel
 from gateway.errors import GatewayError
@@ -25,11 +26,13 @@ def render_prompts(loaded: LoadedModel, body: RequestBody) -> list[list[int]]:
     # writes its own); left out, the tokenizer adds it unless the text already begins with it.
     special = (body.model_extra or {}).get("add_special_tokens") is not False
     if isinstance(body, ChatCompletionRequest):
-        return [loaded.tokenizer.encode(_render_chat(loaded, body), add_special_tokens=special)]
+        return [_encode_chat(loaded, body, special)]
     return [p if isinstance(p, list) else loaded.tokenizer.encode(p, add_special_tokens=special) for p in body.prompts()]
 
 
-def _render_chat(loaded: LoadedModel, body: ChatCompletionRequest) -> str:
+def _encode_chat(loaded: LoadedModel, body: ChatCompletionRequest, special: bool) -> list[int]:
+    """The chat through the model's template; special-token spellings in the client's messages
+    and tools stay text (engines/chat_encoding.py)."""
     extra = body.model_extra or {}
     continued = bool(extra.get("continue_final_message"))
     generation = extra.get("add_generation_prompt")
@@ -38,10 +41,12 @@ def _render_chat(loaded: LoadedModel, body: ChatCompletionRequest) -> str:
                            param="continue_final_message")
     variables = template_variables(extra.get("chat_template_kwargs"))
     plan = tool_plan(body)
+
+    def render(messages, tools) -> str:
+        return loaded.chat_template.render(messages, add_generation_prompt=not continued and generation is not False,
+                                           tools=tools, continue_final_message=continued, variables=variables)
     try:
-        return loaded.chat_template.render(
-            template_messages(body), add_generation_prompt=not continued and generation is not False,
-            tools=plan.tools if plan else None, continue_final_message=continued, variables=variables)
+        return encode_chat(loaded.tokenizer, render, template_messages(body), plan.tools if plan else None, special)
     except ChatTemplateError as exc:
         raise GatewayError(400, str(exc), param="messages") from None
 
