@@ -61,14 +61,20 @@ class TextPart(_Body):
     text: str
 
 
+class RefusalPart(_Body):
+    type: Literal["refusal"]
+    refusal: str
+
+
 class ChatMessage(_Body):
-    # /openapi.json states what _content_present enforces: content may be left out or null only
-    # by an assistant.
+    # /openapi.json states what _content_present enforces: content may be left out or null, and
+    # hold refusal parts, only for an assistant.
     model_config = ConfigDict(extra="allow", strict=True, json_schema_extra={"anyOf": [
         {"properties": {"role": {"const": "assistant"}}},
-        {"required": ["content"], "properties": {"content": {"type": ["string", "array"]}}}]})
+        {"required": ["content"], "properties": {"content": {
+            "type": ["string", "array"], "items": {"properties": {"type": {"const": "text"}}}}}}]})
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
+    content: str | Annotated[list[TextPart | RefusalPart], Field(min_length=1)] | None = None
     name: str | None = None
 
     @field_validator("content", mode="before")
@@ -76,9 +82,11 @@ class ChatMessage(_Body):
     def _text_parts_only(cls, value):
         # Said here, before the union's own error ("should be a valid string") hides the reason.
         if isinstance(value, list):
+            if not value:
+                raise ValueError("empty array: give at least one content part")
             for part in value:
                 kind = part.get("type") if isinstance(part, dict) else None
-                if isinstance(kind, str) and kind != "text":
+                if isinstance(kind, str) and kind not in ("text", "refusal"):
                     raise ValueError(f"content parts of type '{kind[:64]}' are not supported: the models "
                                      "served here read text only")
         return value
@@ -87,6 +95,9 @@ class ChatMessage(_Body):
     def _content_present(self) -> ChatMessage:
         if self.content is None and self.role != "assistant":
             raise ValueError(f"a {self.role} message needs content")
+        if self.role != "assistant" and isinstance(self.content, list) and \
+                any(isinstance(part, RefusalPart) for part in self.content):
+            raise ValueError("only an assistant message holds refusal parts")
         return self
 
     def text(self) -> str:
@@ -94,7 +105,7 @@ class ChatMessage(_Body):
             return ""
         if isinstance(self.content, str):
             return self.content
-        return "".join(part.text for part in self.content)
+        return "".join(part.text if isinstance(part, TextPart) else part.refusal for part in self.content)
 
 
 class StreamOptions(_Body):
@@ -382,6 +393,6 @@ def _path(error: dict) -> list[str | int]:
 def _is_union_tag(part) -> bool:
     # pydantic adds the tried type to a union error's location (messages.0.content.str, or
     # guided_json.constrained-str for a bounded string): drop it.
-    return isinstance(part, str) and (part in ("str", "int", "float", "bool", "TextPart")
+    return isinstance(part, str) and (part in ("str", "int", "float", "bool", "TextPart", "RefusalPart")
                                       or part.startswith(("function-", "list[", "nullable[", "literal[",
                                                           "constrained-", "dict[")))

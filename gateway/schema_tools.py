@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_serializer, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_serializer, model_validator
 
 from gateway.response_format import MAX_SCHEMA_DEPTH, schema_depth
 
@@ -51,6 +51,15 @@ class FunctionDefinition(_Part):
     description: str | None = Field(None, max_length=MAX_DESCRIPTION_CHARS)
     parameters: dict[str, Any] | None = Field(None, description="a JSON Schema object")
     strict: bool | None = None
+
+    @field_validator("parameters")
+    @classmethod
+    def _an_object(cls, value):
+        # The arguments are an object (OpenAI refuses any other type here too).
+        if value is not None and "type" in value and value["type"] != "object":
+            raise ValueError(f"parameters must be the JSON Schema of an object (type 'object'), not "
+                             f"type {str(value['type'])[:64]!r}")
+        return value
 
 
 class Tool(_Part):

@@ -108,6 +108,8 @@ def _call(call: Any, where: str) -> dict[str, Any]:
     if not isinstance(function, dict) or not isinstance(function.get("name"), str) or \
             not isinstance(function.get("arguments"), str):
         raise GatewayError(400, "a tool call needs function.name and function.arguments (a JSON string)", param=where)
+    if call.get("type", "function") != "function" or not isinstance(call.get("id", ""), str):
+        raise GatewayError(400, "a tool call is of type 'function' and its id a string", param=where)
     try:
         # pydantic's parser, not json.loads: it refuses lone surrogate escapes ("\\ud800"), which
         # no tokenizer can encode, and nesting past its bounded depth.

@@ -138,6 +138,10 @@ def test_usage_counts_the_constrained_tokens(client, seed):
     ([*ASK, {"role": "assistant", "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f"}}]}],
      "messages[1].tool_calls[0]"),
     ([*ASK, {"role": "user", "content": "x", "tool_calls": []}], "messages[1].tool_calls"),
+    ([*ASK, {"role": "assistant", "tool_calls": [{"id": "c", "type": "custom", "function": {"name": "f", "arguments": "{}"}}]}],
+     "messages[1].tool_calls[0]"),
+    ([*ASK, {"role": "assistant", "tool_calls": [{"id": 7, "type": "function", "function": {"name": "f", "arguments": "{}"}}]}],
+     "messages[1].tool_calls[0]"),
 ])
 def test_malformed_tool_turns_are_400s(gw, messages, param):
     resp = httpx.post(f"{gw.base}/v1/chat/completions", json={"model": "bytes", "messages": messages, "tools": TOOLS,

@@ -63,6 +63,11 @@ def test_a_non_text_content_part_says_the_models_read_text_only(kind):
 @pytest.mark.parametrize("fields, param, words", [
     ({"messages": [{"role": "user", "content": [{"type": "text"}]}]}, "messages[0].content[0].text", "required"),
     ({"stop": ["a", 3]}, "stop[1]", "valid string"),
+    ({"messages": [{"role": "user", "content": []}]}, "messages[0].content", "empty array"),
+    ({"messages": [{"role": "user", "content": [{"type": "refusal", "refusal": "no"}]}]}, "messages[0]",
+     "only an assistant message holds refusal parts"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}]},
+     "tools[0].function.parameters", "JSON Schema of an object"),
     ({"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": {"type": "function"}},
      "tool_choice.function", "required"),
     ({"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "sometimes"},
@@ -71,3 +76,10 @@ def test_a_non_text_content_part_says_the_models_read_text_only(kind):
 def test_a_union_reports_the_error_inside_the_value(fields, param, words):
     error = _error(ChatCompletionRequest, _chat(**fields))
     assert error.param == param and words in error.message, error.message
+
+
+def test_an_assistant_refusal_part_is_its_text():
+    body = ChatCompletionRequest.model_validate_json(_chat(messages=[
+        {"role": "user", "content": "x"},
+        {"role": "assistant", "content": [{"type": "refusal", "refusal": "I can't."}, {"type": "text", "text": " Sorry."}]}]))
+    assert body.messages[1].text() == "I can't. Sorry."
