@@ -33,7 +33,7 @@ class ChainWalk:
         self.rt, self.request, self.chain = rt, request, chain
         self.ctx = request.ctx
         self.index = 0
-        self.unfit: TierUnfit | None = None    # the last tier that could not hold the request
+        self.unfit: TierUnfit | None = None    # the roomiest (else the last) tier that could not hold it
         # The last tier the gateway had no connection for: its 503 / 429 is the answer when no
         # tier serves the request (the client may retry shortly), ahead of an unfit's 400.
         self.overloaded: TierOverloaded | None = None
@@ -142,7 +142,8 @@ class ChainWalk:
             self.ctx.fallbacks.append(Skip(name, reason, exc.code))
             return
         if isinstance(exc, TierUnfit):
-            self.unfit = exc
+            if self.unfit is None or exc.room >= self.unfit.room:
+                self.unfit = exc
             self.ctx.fallbacks.append(Skip(name, SkipReason.TIER_UNFIT, str(exc)))
             return
         self.failure = exc

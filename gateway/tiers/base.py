@@ -46,11 +46,14 @@ class EmptyStream(TierFailure):
 
 
 class TierUnfit(Exception):
-    """This tier cannot take the request; `error` is what the client gets if no tier can."""
+    """This tier cannot take the request; `error` is what the client gets if no tier can.
+    `room`: the most tokens (prompt and answer) the tier takes, when its context is why: of the
+    tiers a request is too long for, the client hears of the roomiest."""
 
-    def __init__(self, error: GatewayError):
+    def __init__(self, error: GatewayError, room: int = 0):
         super().__init__(error.message)
         self.error = error
+        self.room = room
 
 
 @dataclass

@@ -152,7 +152,7 @@ def beam_settings(body: RequestBody, front: LLMEngine, prompt: list[int], chat: 
         front.check_request(prompt, SamplingParams(max_tokens=max_tokens))
     except RequestTooLongError as exc:
         raise TierUnfit(GatewayError(400, str(exc), param="messages" if chat else "prompt",
-                                     code="context_length_exceeded")) from None
+                                     code="context_length_exceeded"), front.limits.max_request_tokens) from None
     except InvalidRequestError as exc:
         raise GatewayError(400, str(exc), param=exc.param) from None
     stop_ids = frozenset(extra.get("stop_token_ids") or ())     # ignore_eos ignores EOS alone, as in sampling

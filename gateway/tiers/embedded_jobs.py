@@ -138,7 +138,7 @@ def engine_jobs(call: TierCall, prompts: list[list[int]], engine: LLMEngine, dra
                 engine.check_request(ids, params)
             except RequestTooLongError as exc:   # a larger tier may take it
                 raise TierUnfit(GatewayError(400, str(exc), param="messages" if chat else "prompt",
-                                             code="context_length_exceeded")) from None
+                                             code="context_length_exceeded"), engine.limits.max_request_tokens) from None
             except InvalidRequestError as exc:
                 raise GatewayError(400, str(exc), param=exc.param) from None
             jobs.append((p_index * body.n + i, ids, params))

@@ -113,7 +113,7 @@ class UpstreamTier(Tier):
         if limit is not None and estimate is not None and estimate + (call.body.output_limit or 0) > limit:
             raise TierUnfit(GatewayError(
                 400, f"prompt (~{estimate} tokens) plus max_tokens exceeds this tier's context length {limit}",
-                param="messages" if call.endpoint == "chat" else "prompt", code="context_length_exceeded"))
+                param="messages" if call.endpoint == "chat" else "prompt", code="context_length_exceeded"), limit)
         unknown = [name for name in call.body.unknown_fields() if name not in self._extra_fields]
         if not unknown:
             return frozenset()
