@@ -79,8 +79,9 @@ def test_generate_runs_the_tiers_own_engine(capsys, engines, models):
     finally:
         served.shutdown()
     eos = loaded.tokenizer.eos_token_ids
-    assert printed == loaded.tokenizer.decode([t for t in tokens if t not in eos]).strip()
-    assert "Rome" in printed
+    # Not a quality check: at int8 KV the first token of this answer is a near tie (0.05 nats
+    # between "Il" and "The" on an Intel Xeon), which CPUs' rounding decides differently.
+    assert printed and printed == loaded.tokenizer.decode([t for t in tokens if t not in eos]).strip()
 
 
 def test_a_request_beyond_the_tiers_context_is_a_usage_error(capsys):
