@@ -47,7 +47,8 @@ class Escalate(Exception):
 
 class CascadeGate:
     """One request's cascade. `usable(tier)` says why a tier cannot take calls now (None: it can),
-    so that a request is never escalated to a tier that is known to be down. A predicted_gain
+    so that a request is never escalated to a tier known to turn it away (down, busy, its
+    breaker refusing). A predicted_gain
     cascade needs the config's gain model (with its prefill part) and the text's part of its
     prediction for this request (GainModel.predict)."""
 

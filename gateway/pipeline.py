@@ -118,10 +118,10 @@ class Pipeline:
             call = await self._prepare(rt, ctx, body, head.hint, len(raw) > OFF_LOOP_BYTES)
             decision = rt.router.route(ctx.tenant, ctx.tenant_class, ctx.model, ctx.profile, ctx.needs)
             ctx.chain, ctx.route_reason = decision.chain, decision.reason
-            if decision.cascade is not None:
-                call.gate = _cascade_gate(rt, ctx, body, decision)
-            request.trace.routed(ctx, rt.tenant(ctx.tenant).record_content)
             request.limits = limits = self._limits(rt, ctx, call, request.trace, head)
+            if decision.cascade is not None:
+                call.gate = _cascade_gate(rt, limits, body, decision)
+            request.trace.routed(ctx, rt.tenant(ctx.tenant).record_content)
             # A client that leaves frees its generation at once: an engine's sequence is aborted,
             # an upstream's connection closed (which stops its generation), and the request's
             # connection share, concurrency slot and breaker probe are given back. A stream is
@@ -246,9 +246,10 @@ class Pipeline:
                 log.info("%s", json.dumps(ctx.log_fields(), separators=(",", ":")))
 
 
-def _cascade_gate(rt: Runtime, ctx: RequestContext, body, decision: RouteDecision) -> CascadeGate | None:
+def _cascade_gate(rt: Runtime, limits: RequestLimits, body, decision: RouteDecision) -> CascadeGate | None:
     """The request's cascade gate; None (with the reason why) where it cannot judge the request:
     the first tokens of several choices are not one answer's start, and a beam search has none."""
+    ctx = limits.ctx
     choices = body.n * prompt_count(body)
     if choices > 1:
         ctx.reasons.append(f"cascade off: {choices} choices")
@@ -256,9 +257,23 @@ def _cascade_gate(rt: Runtime, ctx: RequestContext, body, decision: RouteDecisio
     if body.beam_search:
         ctx.reasons.append("cascade off: beam search")     # it samples no first token to judge
         return None
+    breakers = limits.limits.breakers
+
+    def unusable(name: str) -> str | None:
+        """Why the cascade must not hand the request to `name` now: an escalation aborts the
+        first tier's call, so a target that would turn it away (loading, at its in-flight
+        limit, its breaker refusing calls) leaves the request where it is."""
+        why = rt.unusable_reason(name)
+        if why is not None:
+            return why
+        tier = rt.tiers[name]
+        if tier.busy:
+            return f"busy ({tier.in_flight} calls in flight)"
+        refusing = breakers.known_refusing(name)
+        return None if refusing is None else f"circuit breaker open (retry in {refusing:.1f}s)"
     if decision.cascade.reads_prefill:
-        return CascadeGate(decision.cascade, ctx, rt.unusable_reason, rt.classifier.gain_model, ctx.text_gain)
-    return CascadeGate(decision.cascade, ctx, rt.unusable_reason)
+        return CascadeGate(decision.cascade, ctx, unusable, rt.classifier.gain_model, ctx.text_gain)
+    return CascadeGate(decision.cascade, ctx, unusable)
 
 
 def _escalated_chain(escalated: Escalate) -> tuple[str, ...]:

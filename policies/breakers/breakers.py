@@ -46,6 +46,9 @@ class Breakers:
         self._reconnect_interval_s = reconnect_interval_s
         self._down_until = 0.0
         self._in_outage = False
+        # name -> monotonic time until which this replica's last ALLOW was refused: what a caller
+        # that cannot wait on the store (a cascade choosing its target) knows of an open breaker.
+        self._refused_until: dict[str, float] = {}
 
     @classmethod
     def from_config(cls, config: LimitsConfig, redis=None) -> Breakers:
@@ -98,10 +101,21 @@ class Breakers:
             elif self._closed_epoch.get(name, 0) == epoch:
                 self._closed_until[name] = (time.monotonic() + self._closed_cache_s, answer.generation)
         if answer.code == "ok":
+            self._refused_until.pop(name, None)
             return Permit(name, answer.generation, local=local and self._shared)
         if answer.code == "probe":
+            self._refused_until.pop(name, None)
             return Permit(name, answer.generation, probe_id=probe_id, local=local and self._shared)
+        self._refused_until[name] = time.monotonic() + answer.retry_after_s
         return Rejection(name, "open" if answer.code == "open" else "half_open", answer.retry_after_s)
+
+    def known_refusing(self, name: str) -> float | None:
+        """Seconds until the tier's breaker may let a call through again, as this replica last
+        heard when it asked (None: it was not refused, or that time has passed). No store
+        round trip: for decisions that cannot wait on one."""
+        until = self._refused_until.get(name)
+        left = None if until is None else until - time.monotonic()
+        return left if left is not None and left > 0 else None
 
     async def record(self, permit: Permit, outcome: Outcome, ttft_s: float | None = None) -> str:
         """Once per permit, as soon as the outcome is known. Returns what happened to the breaker:
