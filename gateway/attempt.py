@@ -73,7 +73,7 @@ class Attempt:
         self.tier_first_token_at: float | None = None
         self._ended = False
         usage = request.ctx.usage
-        self._usage_at_start = (usage.prompt_tokens, usage.completion_tokens)
+        self._usage_at_start = (usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens)
         self._unreported: tuple[int, int] | None = None   # charged if the tier reports nothing
         self._streaming = self._first_chunk = False
         self._body = None
@@ -180,6 +180,7 @@ class Attempt:
             self.span.fail(error_type)
         self.tier.in_flight -= 1
         self.span.end()
+        self._count_tier_usage()
         steps = [self._record(outcome)]
         if self.reservation is not None:
             steps.append(self._settle(self._charge(usage is not None, events)))
@@ -188,6 +189,13 @@ class Attempt:
         else:
             for step in steps:
                 await step
+
+    def _count_tier_usage(self) -> None:
+        """What the tier reported during this attempt, under the tier's name (for metrics)."""
+        usage, start = self.request.ctx.usage, self._usage_at_start
+        done = Usage(usage.prompt_tokens - start[0], usage.completion_tokens - start[1], usage.cached_tokens - start[2])
+        if done.prompt_tokens or done.completion_tokens or done.cached_tokens:
+            self.request.ctx.tier_usage.setdefault(self.tier.name, Usage()).add(done)
 
     def _charge(self, answered: bool, events: int) -> tuple[int, int] | None:
         """(prompt, completion) tokens to reconcile with; None releases the reservation."""

@@ -65,6 +65,9 @@ class RequestContext:
     # Summed over every tier call: the cascade's first tier included (its tokens were work done,
     # charged to budgets); the client's usage is the answering tier's own.
     usage: Usage = field(default_factory=Usage)
+    # The same, by the tier that did the work: metrics count each tier's tokens under its own
+    # name (after an escalation the two tiers' tokenizers count different tokens).
+    tier_usage: dict[str, Usage] = field(default_factory=dict)
     tier_seconds: float = 0.0             # time spent waiting on tiers (excluded from the overhead)
     first_token_at: float | None = None
     headers_at: float | None = None

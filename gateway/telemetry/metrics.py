@@ -155,9 +155,8 @@ class GatewayMetrics:
         (prompts x choices, gateway/token_bounds.sequences) are decoded side by side."""
         labels = (tier, profile, tenant_class)
         self.duration.labels(*labels).observe(duration_s)
-        self.tokens.labels(*labels, "input").inc(input_tokens)
-        self.tokens.labels(*labels, "output").inc(output_tokens)
-        self.tokens.labels(*labels, "cache_read").inc(cache_read_tokens)
+        self.count_tokens(tier=tier, profile=profile, tenant_class=tenant_class, input_tokens=input_tokens,
+                          output_tokens=output_tokens, cache_read_tokens=cache_read_tokens)
         if error_reason is not None:
             self.errors.labels(tier, error_reason).inc()
             return
@@ -166,6 +165,13 @@ class GatewayMetrics:
             per_sequence = output_tokens / max(sequences, 1)
             if per_sequence > 1:
                 self.tpot.labels(*labels).observe(max(duration_s - ttft_s, 0.0) / (per_sequence - 1))
+
+    def count_tokens(self, *, tier: str, profile: str, tenant_class: str, input_tokens: int, output_tokens: int,
+                     cache_read_tokens: int) -> None:
+        labels = (tier, profile, tenant_class)
+        self.tokens.labels(*labels, "input").inc(input_tokens)
+        self.tokens.labels(*labels, "output").inc(output_tokens)
+        self.tokens.labels(*labels, "cache_read").inc(cache_read_tokens)
 
     def cascade_decided(self, *, from_tier: str, to_tier: str, escalated: bool, signal: str, score: float) -> None:
         self.cascade_decisions.labels(from_tier, to_tier, "escalated" if escalated else "kept").inc()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
+from gateway.context import Usage
 from gateway.skips import SkipReason
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.telemetry.setup import Telemetry
@@ -135,11 +136,19 @@ class RequestTelemetry:
             return
         end = ctx.finished_at or time.perf_counter()
         ttft = None if ctx.first_token_at is None else ctx.first_token_at - ctx.started
-        usage = ctx.usage
-        metrics.observe_request(tier=ctx.tier or "none", profile=ctx.profile, tenant_class=tenant_class,
+        # Each tier's tokens under its own name: the answering tier's with the request, the
+        # others' (a cascade's first tier, a tier that failed midway) beside it.
+        tier = ctx.tier or "none"
+        usage = ctx.tier_usage.get(tier, ctx.usage if not ctx.tier_usage else Usage())
+        metrics.observe_request(tier=tier, profile=ctx.profile, tenant_class=tenant_class,
                                 duration_s=end - ctx.started, ttft_s=ttft, input_tokens=usage.prompt_tokens,
                                 output_tokens=usage.completion_tokens, cache_read_tokens=usage.cached_tokens,
                                 error_reason=error_reason, sequences=self._sequences)
+        for other, work in ctx.tier_usage.items():
+            if other != tier:
+                metrics.count_tokens(tier=other, profile=ctx.profile, tenant_class=tenant_class,
+                                     input_tokens=work.prompt_tokens, output_tokens=work.completion_tokens,
+                                     cache_read_tokens=work.cached_tokens)
 
 
 def _input_of(call: TierCall) -> list[dict] | str:

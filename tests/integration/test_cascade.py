@@ -169,3 +169,23 @@ def test_decision_on_the_request_span(cg, client):
     assert attributes["tiergate.cascade.outcome"] == "escalated" and attributes["tiergate.escalated_from"] == "small"
     assert attributes["tiergate.cascade.signal"] == "mean_logprob" and attributes["tiergate.cascade.tokens"] == K
     assert attributes["tiergate.cascade.score"] < 0
+
+
+def _tokens(cg, tier: str, kind: str) -> float:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(f"{cg.base}/metrics").text
+    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
+               if s.name == "tiergate_tokens_total" and s.labels.get("tier") == tier and s.labels.get("type") == kind)
+
+
+def test_each_tiers_tokens_are_counted_under_its_own_name(cg, client, plain):
+    """An escalated request: the first tier's prompt and judged tokens under its name, the
+    target's answer under the target's (their tokenizers count different tokens)."""
+    cg.settled()
+    before = {(t, k): _tokens(cg, t, k) for t in ("small", "large") for k in ("input", "output")}
+    _ask(client, "escalate")
+    cg.settled()
+    grew = {key: _tokens(cg, *key) - value for key, value in before.items()}
+    assert grew == {("small", "input"): plain["small"][1], ("small", "output"): K,
+                    ("large", "input"): plain["large"][1], ("large", "output"): plain["large"][2]}
