@@ -203,7 +203,13 @@ class Pipeline:
     async def _complete(self, rt: Runtime, limits: RequestLimits, call: TierCall,
                         decision: RouteDecision) -> TierAnswer:
         try:
-            _, answer = await ChainWalk(rt, limits, decision.chain).complete(call)
+            try:
+                _, answer = await ChainWalk(rt, limits, decision.chain).complete(call)
+            except GatewayError as exc:
+                target = _roomier_target(exc, decision, call)
+                if target is None:
+                    raise
+                _, answer = await ChainWalk(rt, limits, target).complete(call)
         except Escalate as escalated:
             _, answer = await ChainWalk(rt, limits, _escalated_chain(escalated)).complete(call)
             _note_escalation(limits.ctx, escalated)
@@ -213,7 +219,13 @@ class Pipeline:
                       decision: RouteDecision) -> SSEResponse:
         ctx = limits.ctx
         try:
-            attempt, chunks, held = await ChainWalk(rt, limits, decision.chain).stream(call)
+            try:
+                attempt, chunks, held = await ChainWalk(rt, limits, decision.chain).stream(call)
+            except GatewayError as exc:
+                target = _roomier_target(exc, decision, call)
+                if target is None:
+                    raise
+                attempt, chunks, held = await ChainWalk(rt, limits, target).stream(call)
         except Escalate as escalated:
             ctx.first_token_at = None      # the client's first token is the target tier's
             attempt, chunks, held = await ChainWalk(rt, limits, _escalated_chain(escalated)).stream(call)
@@ -274,6 +286,18 @@ def _cascade_gate(rt: Runtime, limits: RequestLimits, body, decision: RouteDecis
     if decision.cascade.reads_prefill:
         return CascadeGate(decision.cascade, ctx, unusable, rt.classifier.gain_model, ctx.text_gain)
     return CascadeGate(decision.cascade, ctx, unusable)
+
+
+def _roomier_target(exc: GatewayError, decision: RouteDecision, call: TierCall) -> tuple[str, ...] | None:
+    """A request too long for every tier of its chain goes to the route's cascade target, when
+    that is not in the chain: a hint or rule that chose a small-context chain (latency: fast,
+    small) must not refuse what the route's larger tier serves. Asked without a gate: nothing
+    is left to judge. None: the refusal stands."""
+    cascade = decision.cascade
+    if exc.code != "context_length_exceeded" or cascade is None or cascade.to in decision.chain:
+        return None
+    call.gate = call.scoring = None
+    return (cascade.to,)
 
 
 def _escalated_chain(escalated: Escalate) -> tuple[str, ...]:

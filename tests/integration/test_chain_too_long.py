@@ -1,5 +1,6 @@
 """A request too long for every tier of its chain is refused with the roomiest tier's limit, in
-whatever order the chain tries them: the client learns the most it could send."""
+whatever order the chain tries them: the client learns the most it could send. A chain with a
+cascade hands such a request to the cascade's target, when that holds it."""
 
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ def gw(tmp_path_factory):
              f" max_num_seqs: 8, max_num_batched_tokens: 256}}\n")
     path = tmp / "gateway.yaml"
     path.write_text(byte_model_config(tmp / "bytes", max_model_len=256, tiers=roomy, models=(
-        "  roomy_first: {chain: [roomy, bytes]}\n  roomy_last: {chain: [bytes, roomy]}\n")))
+        "  roomy_first: {chain: [roomy, bytes]}\n  roomy_last: {chain: [bytes, roomy]}\n"
+        "  cascading: {chain: [bytes], cascade: {to: roomy, tokens: 2, threshold: -.inf}}\n")))
     gw = RunningGateway(path)
     yield gw
     gw.stop()
@@ -34,3 +36,14 @@ def test_the_refusal_names_the_roomiest_tiers_limit(gw, model):
     assert "512" in error["message"] and "256" not in error["message"], error["message"]
     fits = httpx.post(f"{gw.base}/v1/completions", timeout=60, json={"model": model, "prompt": "x" * 400, "max_tokens": 4})
     assert fits.status_code == 200 and fits.headers["x-tiergate-tier"] == "roomy"
+
+
+def test_a_request_too_long_for_the_chain_goes_to_its_cascade_target(gw):
+    for stream in (False, True):
+        resp = httpx.post(f"{gw.base}/v1/completions", timeout=60,
+                          json={"model": "cascading", "prompt": "x" * 400, "max_tokens": 4, "stream": stream})
+        assert resp.status_code == 200 and resp.headers["x-tiergate-tier"] == "roomy", resp.text
+        assert resp.headers["x-tiergate-fallbacks"] == "bytes: tier_unfit"
+    refused = httpx.post(f"{gw.base}/v1/completions", timeout=60,
+                         json={"model": "cascading", "prompt": "x" * 700, "max_tokens": 4})
+    assert refused.status_code == 400 and "512" in refused.json()["error"]["message"]
