@@ -7,6 +7,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from engines.detokenizer import IncrementalDetokenizer
 from engines.sampler import TokenLogprob
 from engines.tokenizer import TextTokenizer
 
@@ -58,9 +59,9 @@ class TokenPieces:
         hit = self._cache[token_id] = (raw.decode("utf-8", errors="replace"), list(raw))
         return hit
 
-    def width(self, token_id: int) -> int:
-        """The characters the token adds to the text (completions' text_offset)."""
-        return len(self.piece(token_id)[0])
+    @property
+    def tokenizer(self) -> TextTokenizer:
+        return self._tok
 
 
 class TokenIdPieces:
@@ -75,8 +76,9 @@ class TokenIdPieces:
         name = f"token_id:{token_id}"
         return name, list(name.encode())
 
-    def width(self, token_id: int) -> int:
-        return self._text.width(token_id)
+    @property
+    def tokenizer(self) -> TextTokenizer:
+        return self._text.tokenizer
 
 
 def chat_logprobs(lps: list[TokenLogprob], pieces: TokenPieces) -> dict:
@@ -91,7 +93,25 @@ def chat_logprobs(lps: list[TokenLogprob], pieces: TokenPieces) -> dict:
     return {"content": content, "refusal": None}
 
 
-def completion_logprobs(lps: list[TokenLogprob], pieces: TokenPieces, offset: int = 0) -> dict:
+class TextOffsets:
+    """Completions' `text_offset`: where each token's text starts in the choice's text, in
+    characters. The tokens are detokenized as the engine detokenizes the answer
+    (engines/detokenizer.py), so a token that ends inside a character adds nothing until the
+    character is whole, and the offsets index the very text the client has, whole or streamed,
+    whatever a stream held back. A special token counts its spelling, as an echoed prompt shows it."""
+
+    def __init__(self, pieces: TokenPieces | TokenIdPieces):
+        self._text = IncrementalDetokenizer(pieces.tokenizer, [], skip_special_tokens=False)
+
+    def next(self, token_id: int) -> int:
+        at = len(self._text.text)
+        self._text.push(token_id, check_stop=False)
+        return at
+
+
+def completion_logprobs(lps: list[TokenLogprob], pieces: TokenPieces, offsets_of: TextOffsets | None = None) -> dict:
+    """`offsets_of`: the choice's offsets so far (a stream's earlier chunks); None: from the start."""
+    offsets_of = offsets_of or TextOffsets(pieces)
     tokens, values, tops, offsets = [], [], [], []
     for lp in lps:
         text, _ = pieces.piece(lp.token_id)
@@ -101,11 +121,12 @@ def completion_logprobs(lps: list[TokenLogprob], pieces: TokenPieces, offset: in
         # Otherwise the token itself is among them, as at OpenAI and vLLM: up to logprobs + 1.
         top = None
         if lp.logprob is not None:
-            top = {pieces.piece(tid)[0]: val for tid, val in lp.top}
+            top = {}
+            for tid, val in lp.top:      # likeliest first: of tokens that read alike, the likeliest's value
+                top.setdefault(pieces.piece(tid)[0], val)
             top[text] = lp.logprob       # the sampled token's own value, even where pieces read alike
         tops.append(top)
-        offsets.append(offset)
-        offset += pieces.width(lp.token_id)
+        offsets.append(offsets_of.next(lp.token_id))
     return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}
 
 
@@ -191,7 +212,7 @@ class ChunkWriter:
         self.include_usage = include_usage
         self.pieces = pieces
         self._usage_so_far = usage_so_far
-        self._offsets: dict[int, int] = {}
+        self._offsets: dict[int, TextOffsets] = {}     # completions' text_offset, per choice
 
     def _event(self, choice: dict) -> bytes:
         obj = {**self._head, "choices": [choice]}
@@ -209,10 +230,11 @@ class ChunkWriter:
             if self.chat:
                 logprobs = chat_logprobs(lps, self.pieces)
             else:
-                start = self._offsets.get(index, 0)
-                logprobs = completion_logprobs(lps, self.pieces, start)
+                offsets = self._offsets.get(index)
+                if offsets is None:
+                    offsets = self._offsets[index] = TextOffsets(self.pieces)
+                logprobs = completion_logprobs(lps, self.pieces, offsets)
         if not self.chat:
-            self._offsets[index] = self._offsets.get(index, 0) + len(text)
             return self._event({"index": index, "text": text, "logprobs": logprobs,
                                 "finish_reason": finish_reason(reason)})
         delta = {"content": text} if (text or reason is None) else {}

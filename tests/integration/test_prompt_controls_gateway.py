@@ -182,6 +182,34 @@ def test_completion_logprobs_name_tokens_by_id(setup, client):
         assert len(_ids(list(top))) == 2
 
 
+def _offsets_whole_and_streamed(client, **kw):
+    whole = client.completions.create(model="bytes", prompt=PROMPT, temperature=0, logprobs=2, **kw).choices[0]
+    streamed, text = [], ""
+    for chunk in client.completions.create(model="bytes", prompt=PROMPT, temperature=0, logprobs=2, stream=True, **kw):
+        if chunk.choices:
+            text += chunk.choices[0].text
+            if chunk.choices[0].logprobs:
+                streamed += chunk.choices[0].logprobs.text_offset
+    assert text == whole.text
+    return whole, streamed
+
+
+@pytest.mark.parametrize("constraint,stop", [({"allowed_token_ids": "az"}, ["zzzzq"]),
+                                             ({"guided_regex": "(\u00e9|a)+"}, None)])
+def test_text_offsets_index_the_text_streamed_or_whole(setup, client, constraint, stop):
+    """Offsets count the characters a token's bytes complete before it: the same whole or
+    streamed, with text held back for a possible stop string ("z..."), and with characters
+    spread over several byte tokens (each byte is a token here, so "é" is two)."""
+    if "allowed_token_ids" in constraint:
+        constraint = {"allowed_token_ids": sorted(setup[1].encode(c).ids[0] for c in constraint["allowed_token_ids"])}
+    whole, streamed = _offsets_whole_and_streamed(client, max_tokens=16, stop=stop,
+                                                  extra_body={"ignore_eos": True, **constraint})
+    offsets = whole.logprobs.text_offset
+    assert streamed == offsets and len(offsets) == 16
+    data = whole.text.encode()       # each byte one token; a character cut at the end is not in the text
+    assert offsets == [len(data[:i].decode("utf-8", errors="ignore")) for i in range(16)]
+
+
 def test_chat_logprobs_name_tokens_by_id(setup, client):
     out = client.chat.completions.create(model="bytes", messages=ASKED, max_tokens=6, temperature=0, logprobs=True,
                                          top_logprobs=1, extra_body={"return_tokens_as_token_ids": True})

@@ -48,7 +48,8 @@ def test_echo_puts_the_prompt_before_the_completion(client):
 def test_echo_with_logprobs_scores_every_prompt_token(setup, client):
     _, tok, hf = setup
     ids = tok.encode(PROMPT).ids
-    plain = _complete(client, logprobs=2).choices[0].logprobs
+    plain_choice = _complete(client, logprobs=2).choices[0]
+    plain, plain_text = plain_choice.logprobs, plain_choice.text
     lp = _complete(client, echo=True, logprobs=2).choices[0].logprobs
     n = len(ids)
     assert lp.tokens[:n] == list(PROMPT) and lp.tokens[n:] == plain.tokens
@@ -57,11 +58,18 @@ def test_echo_with_logprobs_scores_every_prompt_token(setup, client):
     assert lp.token_logprobs[1:n] == pytest.approx([float(expected[p - 1, ids[p]]) for p in range(1, n)], abs=1e-4)
     for p in range(1, n):
         values, order = expected[p - 1].topk(2)
-        top = dict(zip((tok.decode([t], skip_special_tokens=False) for t in order.tolist()), values.tolist()))
+        top = {}
+        for t, value in zip(order.tolist(), values.tolist()):   # of alternatives that read alike, the likeliest
+            top.setdefault(tok.decode([t], skip_special_tokens=False), value)
         top.setdefault(lp.tokens[p], float(expected[p - 1, ids[p]]))     # the token itself is always there
         assert lp.top_logprobs[p] == pytest.approx(top, abs=1e-4)
     assert lp.token_logprobs[n:] == pytest.approx(plain.token_logprobs, abs=1e-5)
-    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(len(lp.tokens))]
+    # Offsets index the text: the prompt's ASCII one character per token, then the answer's
+    # (whose byte tokens may complete no character, or one, each: test_prompt_controls_gateway.py),
+    # never past its end.
+    offsets = lp.text_offset
+    assert offsets[:n + 1] == list(range(n + 1)) and offsets == sorted(offsets)
+    assert offsets[-1] <= len(PROMPT + plain_text)
 
 
 def test_a_cached_prompt_still_gets_its_logprobs(setup, client):
