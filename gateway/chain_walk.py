@@ -29,8 +29,12 @@ class ChainWalk:
     a Skip in the request's context for every tier passed over. A GatewayError (the client's
     fault) ends the walk at once."""
 
-    def __init__(self, rt: Runtime, request: RequestLimits, chain: tuple[str, ...]):
+    def __init__(self, rt: Runtime, request: RequestLimits, chain: tuple[str, ...], escalation: bool = False):
+        """`escalation`: the chain a cascade hands the request to (its target, then the first
+        tier): a target the request's budgets refuse is passed over for the first tier, which
+        took the request already, instead of ending it with a 429."""
         self.rt, self.request, self.chain = rt, request, chain
+        self.escalation = escalation
         self.ctx = request.ctx
         self.index = 0
         self.unfit: TierUnfit | None = None    # the roomiest (else the last) tier that could not hold it
@@ -86,7 +90,8 @@ class ChainWalk:
     async def next_attempt(self) -> Attempt:
         """Raises the request's error when no tier is left."""
         while True:
-            opened = await self.request.open_attempt(self._next_tier())
+            tier = self._next_tier()
+            opened = await self.request.open_attempt(tier, refusal_skips=self.escalation and tier.name == self.chain[0])
             if isinstance(opened, Attempt):
                 self.ctx.tier = opened.tier.name
                 return opened

@@ -211,7 +211,7 @@ class Pipeline:
                     raise
                 _, answer = await ChainWalk(rt, limits, target).complete(call)
         except Escalate as escalated:
-            _, answer = await ChainWalk(rt, limits, _escalated_chain(escalated)).complete(call)
+            _, answer = await ChainWalk(rt, limits, _escalated_chain(escalated), escalation=True).complete(call)
             _note_escalation(limits.ctx, escalated)
         return answer
 
@@ -228,7 +228,7 @@ class Pipeline:
                 attempt, chunks, held = await ChainWalk(rt, limits, target).stream(call)
         except Escalate as escalated:
             ctx.first_token_at = None      # the client's first token is the target tier's
-            attempt, chunks, held = await ChainWalk(rt, limits, _escalated_chain(escalated)).stream(call)
+            attempt, chunks, held = await ChainWalk(rt, limits, _escalated_chain(escalated), escalation=True).stream(call)
             _note_escalation(ctx, escalated)
         else:
             if len(held) > 1:              # held back while the gate judged: the client sees them now

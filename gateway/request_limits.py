@@ -90,10 +90,11 @@ class RequestLimits:
         limits.retry.record_request()
 
     # ---- before an attempt ------------------------------------------------------------
-    async def open_attempt(self, tier: Tier) -> Attempt | Skip:
+    async def open_attempt(self, tier: Tier, refusal_skips: bool = False) -> Attempt | Skip:
         """Take a breaker permit and a reservation for a call to `tier` and open its attempt
         (span, in-flight count). Returns why the tier is skipped instead (open breaker, tier at
-        its limits); raises the request's 429 / 503 / 504."""
+        its limits, or with `refusal_skips` the request's own budgets refusing it); raises the
+        request's 429 / 503 / 504."""
         if self.deadline.expired:
             raise self.deadline_error()
         verdict = await self.limits.breakers.allow(tier.name)
@@ -111,7 +112,7 @@ class RequestLimits:
                 raise self.nothing_left((), None)
             if self.limits.active:
                 estimate, cap = await self._estimate(tier)
-                reservation = await self._reserve(tier, estimate)
+                reservation = await self._reserve(tier, estimate, refusal_skips)
         except BaseException:      # no call will be made: the permit goes back uncounted
             await self._drop_permit(verdict)
             raise
@@ -124,7 +125,7 @@ class RequestLimits:
                                output_cap=cap if reservation is not None and reservation.scopes else None)
         return self.current
 
-    async def _reserve(self, tier: Tier, estimate: tuple[int, int]) -> Reservation | Skip:
+    async def _reserve(self, tier: Tier, estimate: tuple[int, int], refusal_skips: bool = False) -> Reservation | Skip:
         """The reservation over every scope, or why this tier is skipped (its own scope is full);
         raises the client's 429, or 503 when the store is down and the policy is fail-closed."""
         scopes = Scopes(self.api_key, self.ctx.tenant, tier.name, self.session)
@@ -142,6 +143,8 @@ class RequestLimits:
         if admission.scope == SCOPE_PREFIX["tier"] + tier.name:   # this tier is full: maybe the next one
             self.tier_refusal = admission
             return Skip(tier.name, SkipReason.TIER_BUDGET, f"{admission.limit_kind} limit of the tier reached")
+        if refusal_skips:
+            return Skip(tier.name, SkipReason.BUDGET, f"{admission.limit_kind} limit of {admission.scope} reached")
         raise refusal_error(admission)
 
     async def _estimate(self, tier: Tier) -> tuple[tuple[int, int], int | None]:

@@ -17,6 +17,7 @@ class SkipReason(StrEnum):
     TIER_BUSY = "tier_busy"          # at its max_in_flight while a later tier may be free
     BREAKER_OPEN = "breaker_open"    # its circuit breaker refused the call (open or half-open)
     TIER_BUDGET = "tier_budget"      # the tier's own budget scope is at its limit
+    BUDGET = "budget"                # a cascade's target the request's budgets would not admit
     TIER_UNFIT = "tier_unfit"        # called: the request does not fit it (context length, fields)
     TIER_FAILURE = "tier_failure"    # called: it failed on its side
     EMPTY_STREAM = "empty_stream"    # called: its stream ended before the first chunk

@@ -35,12 +35,15 @@ server: {{reload_poll_s: 0}}
 tiers:
   small: {TINY.format(path=tmp / "small")}
   up: {{kind: upstream, base_url: "{upstream.base_url}", model: instant}}
+  pricey: {{kind: upstream, base_url: "{upstream.base_url}", model: instant}}
 models:
   plain-small: {{chain: [small], pinned: true}}
   only-up: {{chain: [up], pinned: true}}
   escalate: {{chain: [small], pinned: true, cascade: {{to: up, tokens: {K}, threshold: 0}}}}
+  escalate-pricey: {{chain: [small], pinned: true, cascade: {{to: pricey, tokens: {K}, threshold: 0}}}}
 limits:
-  tenants: {{by_id: {{default: {{tokens_per_day: 100000000}}}}}}
+  tenants: {{by_id: {{default: {{tokens_per_day: 100000000, cost_per_day: 1.0}}}}}}
+  prices: {{pricey: {{input_per_1m: 1000000000}}}}
   breakers: {{by_name: {{up: {{min_calls: 2, failure_rate: 0.5, open_s: 600}}}}}}
 """)
     gw = RunningGateway(path)
@@ -84,3 +87,18 @@ def test_an_open_breaker_on_the_target_keeps_the_first_tiers_answer(gw):
         assert text == plain.choices[0].message.content
     # Each request ran once on small: its prompt and answer, charged once.
     assert _used(gw) - before == 2 * (plain.usage.prompt_tokens + plain.usage.completion_tokens)
+
+
+def test_a_target_the_budget_refuses_leaves_the_request_to_the_first_tier(gw):
+    """The tenant's budget admits the first tier's call but not the target's (its price): the
+    request is answered by the first tier, not refused with a 429 after work was done for it."""
+    client = openai.OpenAI(base_url=f"{gw.base}/v1", api_key="unused", max_retries=0)
+    ask = dict(messages=MSG, max_tokens=10, temperature=0, extra_body={"ignore_eos": True})
+    plain = client.chat.completions.create(model="plain-small", **ask)
+    for stream in (False, True):
+        raw = client.chat.completions.with_raw_response.create(model="escalate-pricey", stream=stream, **ask)
+        text = "".join(c.choices[0].delta.content or "" for c in raw.parse() if c.choices) if stream \
+            else raw.parse().choices[0].message.content
+        assert raw.headers["x-tiergate-tier"] == "small" and raw.headers["x-tiergate-fallbacks"] == "pricey: budget"
+        assert "cascade target pricey could not answer: answered by small" in raw.headers["x-tiergate-reasons"]
+        assert text == plain.choices[0].message.content
