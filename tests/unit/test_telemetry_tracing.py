@@ -287,7 +287,7 @@ def _everything(spans) -> str:
 
 def test_fallback_reasons_are_a_small_fixed_set():
     from gateway.skips import Skip, SkipReason
-    assert {r.value for r in SkipReason} == {"not_ready", "tier_busy", "breaker_open", "tier_budget", "tier_unfit",
+    assert {r.value for r in SkipReason} == {"not_ready", "tier_busy", "breaker_open", "tier_budget", "budget", "tier_unfit",
                                              "tier_failure", "empty_stream", "pool_exhausted", "tenant_share",
                                              "capability"}
     skip = Skip("small", SkipReason.BREAKER_OPEN, "circuit breaker open (retry in 1.0s)")
