@@ -23,6 +23,7 @@ class IncrementalDetokenizer:
         self.text = ""
         self._emitted = 0
         self.stopped = False
+        self.matched: str | None = None      # the stop string that ended the text
 
     def push(self, token_id: int, check_stop: bool = True) -> bool:
         """Add a token; return True when a stop string completed (text is cut there). With
@@ -52,6 +53,7 @@ class IncrementalDetokenizer:
         index, stop = min(found, key=lambda hit: hit[0])     # where two start together: the first listed
         self.text = self.text[: index + len(stop) if self.include_stop else index]
         self.stopped = True
+        self.matched = stop
         return True
 
     def take_delta(self, final: bool) -> str:

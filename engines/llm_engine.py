@@ -251,7 +251,11 @@ class LLMEngine:
                 if seq.params.include_stop_str_in_output:
                     req.detok.push(token, False)     # its text too (nothing for a special token skipped)
                 reason = "stop"
-            elif req.detok.push(token, check_stop) or _grammar_done(seq, token):
+                if token in seq.params.stop_token_ids:
+                    seq.stop_reason = token
+            elif req.detok.push(token, check_stop):
+                reason, seq.stop_reason = "stop", req.detok.matched
+            elif _grammar_done(seq, token):
                 reason = "stop"
             elif len(seq.output_ids) >= seq.params.max_tokens or seq.num_tokens >= self.max_model_len:
                 reason = "length"

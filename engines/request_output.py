@@ -34,6 +34,9 @@ class RequestOutput:
     # On the last delta of a constrained request whose grammar admitted no further token: the error
     # the request fails with (its output so far does not satisfy the constraint).
     constraint_error: GrammarError | None = None
+    # vLLM's stop_reason, on the last delta: the stop string or stop token id that ended the
+    # request; None for EOS, a length cut or a grammar's end.
+    stop_reason: str | int | None = None
 
 
 @dataclass
@@ -53,7 +56,8 @@ class TrackedRequest:
             cached_tokens=seq.num_cached_prompt_tokens, scheduled_at=seq.scheduled_time,
             num_preemptions=seq.num_preemptions, preempted_at=seq.preempted_time,
             spec_proposed=seq.spec_proposed, spec_accepted=seq.spec_accepted, prompt_hidden=prompt_hidden,
-            prompt_logprobs=prompt_lps, constraint_error=self._constraint_error() if finished else None)
+            prompt_logprobs=prompt_lps, constraint_error=self._constraint_error() if finished else None,
+            stop_reason=seq.stop_reason if finished else None)
 
     def _constraint_error(self) -> GrammarError | None:
         seq = self.seq

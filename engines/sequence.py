@@ -49,6 +49,7 @@ class Sequence:
     num_cached_prompt_tokens: int = 0    # prompt tokens served by the prefix cache (last admission)
     num_preemptions: int = 0
     finish_reason: str | None = None
+    stop_reason: str | int | None = None     # the stop string or stop token id that ended it (vLLM's)
     # A seeded request's uniforms by output position (engines/position_draws.py); None: unseeded.
     draws: PositionDraws | None = None
     # Block hashes of this sequence's full blocks, computed once and extended as it grows.

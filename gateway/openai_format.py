@@ -147,6 +147,7 @@ class ChoiceResult:
     index: int
     text: str = ""
     finish_reason: str | None = None
+    stop_reason: str | int | None = None       # vLLM's: the stop string or stop token id that ended it
     logprobs: list[TokenLogprob] = field(default_factory=list)
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -177,7 +178,7 @@ def chat_body(rid: str, created: int, model: str, choices: list[ChoiceResult], u
             "index": c.index,
             "message": _message(c),
             "logprobs": chat_logprobs(c.logprobs, pieces) if pieces is not None else None,
-            "finish_reason": finish_reason(c.finish_reason, bool(c.tool_calls)),
+            "finish_reason": finish_reason(c.finish_reason, bool(c.tool_calls)), "stop_reason": c.stop_reason,
         } for c in choices],
         "usage": usage,
         # vLLM puts a chat's prompt logprobs beside the choices: every choice has the same prompt.
@@ -192,7 +193,7 @@ def completion_body(rid: str, created: int, model: str, choices: list[ChoiceResu
         "choices": [{
             "index": c.index, "text": c.text,
             "logprobs": completion_logprobs(c.logprobs, pieces) if pieces is not None else None,
-            "finish_reason": finish_reason(c.finish_reason),
+            "finish_reason": finish_reason(c.finish_reason), "stop_reason": c.stop_reason,
             **({"prompt_logprobs": c.prompt_logprobs} if c.prompt_logprobs is not None else {}),
         } for c in choices],
         "usage": usage,
@@ -224,7 +225,9 @@ class ChunkWriter:
         return self._event({"index": index, "delta": {"role": "assistant", "content": ""},
                             "logprobs": None, "finish_reason": None})
 
-    def delta(self, index: int, text: str, lps: list[TokenLogprob] | None, reason: str | None) -> bytes:
+    def delta(self, index: int, text: str, lps: list[TokenLogprob] | None, reason: str | None,
+              stop_reason: str | int | None = None) -> bytes:
+        """`reason` (and vLLM's `stop_reason`, on that chunk only): the choice's last chunk."""
         logprobs = None
         if self.pieces is not None and lps:
             if self.chat:
@@ -234,12 +237,13 @@ class ChunkWriter:
                 if offsets is None:
                     offsets = self._offsets[index] = TextOffsets(self.pieces)
                 logprobs = completion_logprobs(lps, self.pieces, offsets)
+        ending = {} if reason is None else {"stop_reason": stop_reason}
         if not self.chat:
             return self._event({"index": index, "text": text, "logprobs": logprobs,
-                                "finish_reason": finish_reason(reason)})
+                                "finish_reason": finish_reason(reason), **ending})
         delta = {"content": text} if (text or reason is None) else {}
         return self._event({"index": index, "delta": delta, "logprobs": logprobs,
-                            "finish_reason": finish_reason(reason)})
+                            "finish_reason": finish_reason(reason), **ending})
 
     def tool_call_start(self, index: int, call_index: int, call_id: str, name: str) -> bytes:
         """A call's first chunk: its index among the choice's calls, its id and name, once."""
@@ -250,10 +254,10 @@ class ChunkWriter:
         call = {"index": call_index, "function": {"arguments": fragment}}
         return self._event({"index": index, "delta": {"tool_calls": [call]}, "logprobs": None, "finish_reason": None})
 
-    def finish(self, index: int, reason: str | None, called: bool) -> bytes:
-        """The choice's last chunk: an empty delta with its finish reason."""
+    def finish(self, index: int, reason: str | None, called: bool, stop_reason: str | int | None = None) -> bytes:
+        """The choice's last chunk: an empty delta with its finish reason (and vLLM's stop_reason)."""
         return self._event({"index": index, "delta": {}, "logprobs": None,
-                            "finish_reason": finish_reason(reason, called)})
+                            "finish_reason": finish_reason(reason, called), "stop_reason": stop_reason})
 
     def usage(self, usage: dict) -> bytes:
         return sse_event({**self._head, "choices": [], "usage": usage})

@@ -91,7 +91,7 @@ async def complete_answer(call: TierCall, ec: EngineCall) -> TierAnswer:
                 slot.prompt_tokens, slot.completion_tokens = out.prompt_tokens, out.completion_tokens
                 slot.cached_tokens = out.cached_tokens
                 if out.finished:
-                    slot.finish_reason = out.finish_reason
+                    slot.finish_reason, slot.stop_reason = out.finish_reason, out.stop_reason
                     if out.constraint_error is not None:    # what was generated is not a whole answer
                         raise out.constraint_error
                 if gate is not None:
@@ -168,7 +168,7 @@ async def stream_answer(call: TierCall, ec: EngineCall) -> AsyncIterator[bytes]:
             slot.prompt_tokens, slot.completion_tokens = out.prompt_tokens, out.completion_tokens
             slot.cached_tokens = out.cached_tokens
             if out.finished:
-                slot.finish_reason = out.finish_reason
+                slot.finish_reason, slot.stop_reason = out.finish_reason, out.stop_reason
                 if out.constraint_error is not None:
                     raise out.constraint_error
             if keep_text:
@@ -199,7 +199,7 @@ async def stream_answer(call: TierCall, ec: EngineCall) -> AsyncIterator[bytes]:
                     for chunk in tools[i].chunks(o, client_lp):
                         yield chunk
                 elif text or o.finished or (client_lp and lps):
-                    yield writer.delta(i, text, lps, o.finish_reason if o.finished else None)
+                    yield writer.delta(i, text, lps, o.finish_reason if o.finished else None, o.stop_reason)
     except (EngineFault, InvalidRequestError) as exc:
         raise tier_error(exc) from None
     finally:

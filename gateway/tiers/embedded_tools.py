@@ -45,5 +45,5 @@ class ToolChunks:
         if lps:       # this delta's tokens went into a call: their logprobs still go out
             chunks.append(w.delta(i, "", lps, None))
         if out.finished:
-            chunks.append(w.finish(i, out.finish_reason, bool(self.parser.calls)))
+            chunks.append(w.finish(i, out.finish_reason, bool(self.parser.calls), out.stop_reason))
         return chunks

@@ -210,6 +210,24 @@ def test_text_offsets_index_the_text_streamed_or_whole(setup, client, constraint
     assert offsets == [len(data[:i].decode("utf-8", errors="ignore")) for i in range(16)]
 
 
+def test_stop_reason_names_the_stop_string_or_token_as_vllm_does(setup, client):
+    """vLLM's stop_reason: the stop string or stop token id that ended the choice, null for a
+    length cut; on whole answers and on a stream's last chunk, chat and completions alike."""
+    b = setup[1].token_to_id("b")
+    forced = {"guided_regex": "aab[ab]*", "ignore_eos": True}
+    cases = [({"stop": ["zz", "ab"]}, "ab"), ({"extra_body": {"stop_token_ids": [b]}}, b), ({"max_tokens": 2}, None)]
+    for kw, expected in cases:
+        extra = {**forced, **kw.pop("extra_body", {})}
+        kw = {"max_tokens": 8, **kw}
+        whole = client.completions.create(model="bytes", prompt=PROMPT, extra_body=extra, **kw).choices[0]
+        last = [c for c in client.completions.create(model="bytes", prompt=PROMPT, stream=True, extra_body=extra, **kw)
+                if c.choices][-1].choices[0]
+        chat = client.chat.completions.create(model="bytes", messages=ASKED, extra_body=extra, **kw).choices[0]
+        for choice in (whole, last, chat):
+            assert choice.finish_reason == ("length" if expected is None else "stop")
+            assert choice.model_extra["stop_reason"] == expected, (kw, choice)
+
+
 def test_chat_logprobs_name_tokens_by_id(setup, client):
     out = client.chat.completions.create(model="bytes", messages=ASKED, max_tokens=6, temperature=0, logprobs=True,
                                          top_logprobs=1, extra_body={"return_tokens_as_token_ids": True})
