@@ -61,19 +61,13 @@ class TextTokenizer:
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of `text`; special-token strings in it (e.g. ChatML tags) map to their ids."""
-        if len(text) >= _RELEASE_GIL_FROM:
-            ids = self.backend.encode_batch([text], add_special_tokens=False)[0].ids
-        else:
-            ids = self.backend.encode(text, add_special_tokens=False).ids
+        ids = _encode(self.backend, text)
         return self.with_bos(ids) if add_special_tokens else ids
 
     def encode_as_text(self, text: str) -> list[int]:
         """Token ids of `text` with special-token spellings in it read as plain text ("<|im_end|>"
         as the characters '<', '|', ...), never as the special tokens."""
-        plain = self.plain_encoder()
-        if len(text) >= _RELEASE_GIL_FROM:
-            return plain.encode_batch([text], add_special_tokens=False)[0].ids
-        return plain.encode(text, add_special_tokens=False).ids
+        return _encode(self.plain_encoder(), text)
 
     def with_bos(self, ids: list[int]) -> list[int]:
         """`ids` opened with the BOS token, where the tokenizer adds one and they do not start with it."""
@@ -96,6 +90,12 @@ class TextTokenizer:
         if len(ids) >= _RELEASE_GIL_FROM:
             return self.backend.decode_batch([ids], skip_special_tokens=skip_special_tokens)[0]
         return self.backend.decode(ids, skip_special_tokens=skip_special_tokens)
+
+
+def _encode(backend: Tokenizer, text: str) -> list[int]:
+    if len(text) >= _RELEASE_GIL_FROM:
+        return backend.encode_batch([text], add_special_tokens=False)[0].ids
+    return backend.encode(text, add_special_tokens=False).ids
 
 
 def _token_text(value) -> str | None:

@@ -29,12 +29,18 @@ class ChainWalk:
     a Skip in the request's context for every tier passed over. A GatewayError (the client's
     fault) ends the walk at once."""
 
-    def __init__(self, rt: Runtime, request: RequestLimits, chain: tuple[str, ...], escalation: bool = False):
+    def __init__(self, rt: Runtime, request: RequestLimits, chain: tuple[str, ...], escalation: bool = False,
+                 overflow: str | None = None):
         """`escalation`: the chain a cascade hands the request to (its target, then the first
         tier): a target the request's budgets refuse is passed over for the first tier, which
-        took the request already, instead of ending it with a 429."""
+        took the request already, instead of ending it with a 429. `overflow`: the tier a
+        request too long for every tier of the chain goes to, unjudged (the route's cascade
+        target: a hint or rule that chose a small-context chain must not refuse what the route's
+        larger tier serves)."""
         self.rt, self.request, self.chain = rt, request, chain
         self.escalation = escalation
+        self.overflow = overflow if overflow not in chain else None
+        self.unjudged: str | None = None       # the overflow tier, once taken: no gate judges it
         self.ctx = request.ctx
         self.index = 0
         self.unfit: TierUnfit | None = None    # the roomiest (else the last) tier that could not hold it
@@ -79,10 +85,9 @@ class ChainWalk:
                 await chunks.aclose()
                 self._failed(attempt, exc)
 
-    @staticmethod
-    def _arm(call: TierCall, tier: Tier, stream: bool):
+    def _arm(self, call: TierCall, tier: Tier, stream: bool):
         """The request's cascade gate if it judges this call to `tier`, else None."""
-        gate = call.gate
+        gate = call.gate if tier.name != self.unjudged else None
         call.scoring = gate if gate is not None and gate.arm(tier.name, tier.token_signals(stream),
                                                              tier.prompt_hidden_size) else None
         return call.scoring
@@ -124,6 +129,9 @@ class ChainWalk:
             return self.busy.pop(0)
         if self.required and not self.capable:
             raise self._incapable()
+        if self.overflow is not None and self.failure is None and self.unfit is not None and self.unfit.room:
+            self.chain, self.unjudged, self.overflow = self.chain + (self.overflow,), self.overflow, None
+            return self._next_tier()
         error = self.request.nothing_left(self.chain, self.overloaded or self.unfit, tuple(self.coming_up))
         own = self.failure.error if self.failure is not None else None
         if own is not None and error.code == "no_tier_available":

@@ -203,13 +203,7 @@ class Pipeline:
     async def _complete(self, rt: Runtime, limits: RequestLimits, call: TierCall,
                         decision: RouteDecision) -> TierAnswer:
         try:
-            try:
-                _, answer = await ChainWalk(rt, limits, decision.chain).complete(call)
-            except GatewayError as exc:
-                target = _roomier_target(exc, decision, call)
-                if target is None:
-                    raise
-                _, answer = await ChainWalk(rt, limits, target).complete(call)
+            _, answer = await ChainWalk(rt, limits, decision.chain, overflow=_overflow(decision)).complete(call)
         except Escalate as escalated:
             _, answer = await ChainWalk(rt, limits, _escalated_chain(escalated), escalation=True).complete(call)
             _note_escalation(limits.ctx, escalated)
@@ -219,13 +213,7 @@ class Pipeline:
                       decision: RouteDecision) -> SSEResponse:
         ctx = limits.ctx
         try:
-            try:
-                attempt, chunks, held = await ChainWalk(rt, limits, decision.chain).stream(call)
-            except GatewayError as exc:
-                target = _roomier_target(exc, decision, call)
-                if target is None:
-                    raise
-                attempt, chunks, held = await ChainWalk(rt, limits, target).stream(call)
+            attempt, chunks, held = await ChainWalk(rt, limits, decision.chain, overflow=_overflow(decision)).stream(call)
         except Escalate as escalated:
             ctx.first_token_at = None      # the client's first token is the target tier's
             attempt, chunks, held = await ChainWalk(rt, limits, _escalated_chain(escalated), escalation=True).stream(call)
@@ -288,16 +276,9 @@ def _cascade_gate(rt: Runtime, limits: RequestLimits, body, decision: RouteDecis
     return CascadeGate(decision.cascade, ctx, unusable)
 
 
-def _roomier_target(exc: GatewayError, decision: RouteDecision, call: TierCall) -> tuple[str, ...] | None:
-    """A request too long for every tier of its chain goes to the route's cascade target, when
-    that is not in the chain: a hint or rule that chose a small-context chain (latency: fast,
-    small) must not refuse what the route's larger tier serves. Asked without a gate: nothing
-    is left to judge. None: the refusal stands."""
-    cascade = decision.cascade
-    if exc.code != "context_length_exceeded" or cascade is None or cascade.to in decision.chain:
-        return None
-    call.gate = call.scoring = None
-    return (cascade.to,)
+def _overflow(decision: RouteDecision) -> str | None:
+    """Where a request too long for the route's chain may go: its cascade's target."""
+    return decision.cascade.to if decision.cascade is not None else None
 
 
 def _escalated_chain(escalated: Escalate) -> tuple[str, ...]:

@@ -101,8 +101,8 @@ class ModelDraftSource:
         if sampled:
             q = self.sampler.probs(logits[sampled], [params[i] for i in sampled])
             # A seeded request's draft uses the uniform its target will draw that position with.
-            ahead = [len(active[i][0].draft_ids) for i in sampled]
-            tokens[sampled] = self.sampler.draw(q, [active[i][0].seq.uniform_at(a) for i, a in zip(sampled, ahead)])
+            tokens[sampled] = self.sampler.draw(q, [active[i][0].seq.uniform_at(len(active[i][0].draft_ids))
+                                                    for i in sampled])
             for j, i in enumerate(sampled):
                 active[i][2].append(q[j:j + 1])
         for (s, _, _), token in zip(active, tokens.tolist()):

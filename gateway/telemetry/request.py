@@ -139,6 +139,7 @@ class RequestTelemetry:
         # Each tier's tokens under its own name: the answering tier's with the request, the
         # others' (a cascade's first tier, a tier that failed midway) beside it.
         tier = ctx.tier or "none"
+        # (No attempt's breakdown, e.g. a context built outside the pipeline: the request's usage.)
         usage = ctx.tier_usage.get(tier, ctx.usage if not ctx.tier_usage else Usage())
         metrics.observe_request(tier=tier, profile=ctx.profile, tenant_class=tenant_class,
                                 duration_s=end - ctx.started, ttft_s=ttft, input_tokens=usage.prompt_tokens,

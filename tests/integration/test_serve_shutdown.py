@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import sys
 import threading
 import time
 
 import httpx
 import pytest
 
-from tests.gateway_harness import InstantUpstream, free_port
+from tests.gateway_harness import InstantUpstream
+from tests.serve_process import start_serve
 
 pytestmark = pytest.mark.slow
 
@@ -43,20 +43,7 @@ tiers:
   trickling: {{kind: upstream, base_url: "{trickling.base_url}", model: m}}
   stalled: {{kind: upstream, base_url: "{stalled.base_url}", model: m}}
 """)
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", "--config", str(config), "--port", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while True:
-        assert proc.poll() is None, proc.stderr.read()
-        try:
-            if httpx.get(f"{base}/readyz", timeout=1).status_code == 200:
-                return proc, base
-        except httpx.HTTPError:
-            pass
-        assert time.monotonic() < deadline, "gateway did not become ready"
-        time.sleep(0.2)
+    return start_serve(config, timeout_s=120)
 
 
 class _Stream(threading.Thread):
